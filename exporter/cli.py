@@ -1,0 +1,184 @@
+"""The `gpuload` command line: argument parsing only; the work lives elsewhere."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from exporter import __version__, config
+from exporter.collectors import REGISTRY
+
+# Command-line flag -> configuration key path.
+_SERVE_FLAGS = {
+    "--web.listen-address": (
+        "web.listen_address",
+        f"address to listen on, host:port or :port (default :{config.DEFAULT_PORT})",
+    ),
+    "--web.telemetry-path": ("web.telemetry_path", "path of the metrics (default /metrics)"),
+    "--collect.interval": (
+        "collect_interval",
+        "how often NVML is read, e.g. 1s, 500ms (default 1s)",
+    ),
+    "--collect.timeout": (
+        "collect_timeout",
+        "how long a cycle waits for a GPU before marking it stale (default 80%% of the interval)",
+    ),
+    "--log.level": ("log.level", "debug, info, warning or error (default info)"),
+    "--log.format": ("log.format", "text or json (default text)"),
+    "--simulate": (
+        "simulate.scenario",
+        "use the simulated NVML with this scenario name or YAML file instead of the GPU driver",
+    ),
+    "--sim.epoch": ("simulate.epoch", "scenario start, unix seconds (default: now)"),
+    "--sim.seed": ("simulate.seed", "seed of the scenario's noise"),
+    "--sim.time": (
+        "simulate.time",
+        "pin the scenario clock at this many seconds after its epoch (for reproducible output)",
+    ),
+}
+
+
+def _serve_parser(subparsers: Any) -> None:
+    serve = subparsers.add_parser(
+        "serve",
+        help="run the exporter",
+        description="Read NVML in the background and serve Prometheus metrics. Settings come "
+        "from flags > GPULOAD_* environment variables > the config file > defaults.",
+    )
+    serve.add_argument("--config", metavar="FILE", help="YAML configuration file")
+    for flag, (key, text) in _SERVE_FLAGS.items():
+        aliases = [flag, "--log-format"] if flag == "--log.format" else [flag]
+        serve.add_argument(
+            *aliases, dest=key, metavar="VALUE", help=text, default=argparse.SUPPRESS
+        )
+    group = serve.add_argument_group("collectors", "enable or disable one collector")
+    for name, spec in sorted(REGISTRY.items()):
+        state = "on" if spec.enabled_by_default else "off"
+        group.add_argument(
+            f"--collector.{name}",
+            dest=f"collectors.{name}.enabled",
+            action="store_const",
+            const=True,
+            default=argparse.SUPPRESS,
+            help=f"{spec.description} (default {state})",
+        )
+        group.add_argument(
+            f"--no-collector.{name}",
+            dest=f"collectors.{name}.enabled",
+            action="store_const",
+            const=False,
+            default=argparse.SUPPRESS,
+            help=argparse.SUPPRESS,
+        )
+
+
+def _sim_parser(subparsers: Any) -> None:
+    sim = subparsers.add_parser("sim", help="the simulated NVML")
+    commands = sim.add_subparsers(dest="sim_command", required=True)
+    commands.add_parser("list", help="list the shipped scenarios")
+    run = commands.add_parser(
+        "exec",
+        help="run a program against the simulated GPUs",
+        description="Run any Python program that uses pynvml (nvitop, gpustat, your own "
+        "script) against simulated GPUs: gpuload sim exec --scenario training -- nvitop -1",
+    )
+    run.add_argument("--scenario", required=True, help="scenario name or YAML file")
+    run.add_argument("--epoch", type=float, help="scenario start, unix seconds (default: now)")
+    run.add_argument("--seed", type=int, help="seed of the scenario's noise")
+    run.add_argument(
+        "--time",
+        type=float,
+        dest="pinned_time",
+        help="pin the scenario clock at this many seconds after its epoch",
+    )
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line."""
+    parser = argparse.ArgumentParser(prog="gpuload", description="GPU load exporter.")
+    parser.add_argument("--version", action="version", version=f"gpuload {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(subparsers)
+    _sim_parser(subparsers)
+    subparsers.add_parser("collectors", help="list the collectors and their metric families")
+    return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    known = {key for key, _help in _SERVE_FLAGS.values()}
+    flags = {
+        key: value
+        for key, value in vars(args).items()
+        if key in known or key.startswith("collectors.")
+    }
+    try:
+        settings = config.load(
+            file=args.config,
+            environ=os.environ,
+            flags=flags,
+            collectors={name: spec.enabled_by_default for name, spec in REGISTRY.items()},
+        )
+    except config.ConfigError as error:
+        print(f"gpuload: {error}", file=sys.stderr)
+        return 2
+    if settings.simulate.scenario:
+        from exporter import sim
+
+        try:
+            sim.load_scenario(settings.simulate.scenario)
+        except (sim.ScenarioError, OSError) as error:
+            print(f"gpuload: --simulate {settings.simulate.scenario}: {error}", file=sys.stderr)
+            return 2
+
+    from exporter import logs
+    from exporter.server.daemon import serve
+
+    logs.setup(settings.log.level, settings.log.format)
+    return serve(settings)
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from exporter import sim
+
+    if args.sim_command == "list":
+        print(sim.describe_scenarios())
+        return 0
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("gpuload sim exec: give the program to run after --", file=sys.stderr)
+        return 2
+    try:
+        sim.load_scenario(args.scenario)
+    except (sim.ScenarioError, OSError) as error:
+        print(f"gpuload: --scenario {args.scenario}: {error}", file=sys.stderr)
+        return 2
+    return sim.exec_command(
+        args.scenario, command, epoch=args.epoch, seed=args.seed, pinned_time=args.pinned_time
+    )
+
+
+def _collectors() -> int:
+    for name, spec in sorted(REGISTRY.items()):
+        state = "enabled" if spec.enabled_by_default else "disabled"
+        print(f"{name} ({state} by default, per {spec.scope}): {spec.description}")
+        for family in spec.families:
+            print(f"  {family.name}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `gpuload` console script."""
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "sim":
+        return _sim(args)
+    return _collectors()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,506 @@
+"""One collection cycle: read every GPU in parallel and publish an immutable snapshot.
+
+The cycle owns NVML's lifecycle (initialise with backoff, notice lost GPUs and
+re-acquire them), runs each GPU's collectors in a worker thread of its own,
+waits a bounded time, and turns what came back into Prometheus metric families.
+A GPU whose worker has not finished is reported stale and is not resubmitted
+until it finishes, so a wedged driver call never piles up threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from exporter import __version__, nvml
+from exporter.collectors import REGISTRY, CollectorSpec, Reader, Sample
+from exporter.collectors.base import GPU_LABELS, Family
+from exporter.nvml import Device, Identity, NvmlError
+from exporter.problems import ProblemLog
+
+log = logging.getLogger(__name__)
+
+# Errors after which the whole library must be initialised again.
+_REINIT_CODES = {"uninitialized", "driver_not_loaded", "lib_rm_version_mismatch"}
+_BACKOFF_START_SECONDS = 1.0
+_BACKOFF_MAX_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class GpuStatus:
+    """What the landing page and readiness need to know about one GPU."""
+
+    index: int
+    uuid: str
+    name: str
+    up: bool
+    stale: bool
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The result of one collection cycle; never modified after it is published."""
+
+    families: tuple[Metric, ...]
+    gpus: tuple[GpuStatus, ...]
+    nvml_up: bool
+    completed_at: float
+
+
+@dataclass(frozen=True)
+class CollectorRun:
+    """What one collector produced on one GPU (or the node) in one cycle."""
+
+    name: str
+    samples: tuple[Sample, ...]
+    gpu: int | None = None
+    errors: tuple[NvmlError, ...] = ()
+    invalid: tuple[str, ...] = ()
+    exception: str | None = None
+    seconds: float = 0.0
+
+
+class _Backoff:
+    """Doubling retry delay, reset on success."""
+
+    def __init__(self) -> None:
+        self.delay = _BACKOFF_START_SECONDS
+        self.next_attempt = 0.0
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_attempt
+
+    def failed(self, now: float) -> None:
+        self.next_attempt = now + self.delay
+        self.delay = min(self.delay * 2, _BACKOFF_MAX_SECONDS)
+
+    def reset(self) -> None:
+        self.delay = _BACKOFF_START_SECONDS
+        self.next_attempt = 0.0
+
+
+@dataclass
+class _Gpu:
+    index: int
+    device: Device | None = None
+    identity: Identity | None = None
+    collectors: dict[str, Any] = field(default_factory=dict)
+    in_flight: Future[list[CollectorRun]] | None = None
+    current_collector: str = ""
+    retry: _Backoff = field(default_factory=_Backoff)
+
+
+def run_collector(name: str, collect: Callable[[Reader], Iterable[Sample]]) -> CollectorRun:
+    """Run one collector behind the error boundary: nothing it raises escapes."""
+    read = Reader()
+    started = time.perf_counter()
+    try:
+        samples = tuple(collect(read))
+        exception = None
+    except Exception as error:
+        samples = ()
+        exception = f"{type(error).__name__}: {error}"
+        log.debug("collector %s raised", name, exc_info=True)
+    return CollectorRun(
+        name=name,
+        samples=samples,
+        errors=tuple(read.errors),
+        invalid=tuple(read.invalid),
+        exception=exception,
+        seconds=time.perf_counter() - started,
+    )
+
+
+class Collection:
+    """Runs collection cycles and holds the latest snapshot."""
+
+    def __init__(
+        self,
+        enabled: Mapping[str, bool],
+        *,
+        timeout: float,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._specs = [REGISTRY[name] for name, on in enabled.items() if on and name in REGISTRY]
+        self._timeout = timeout
+        self._wall_clock = wall_clock
+        self._gpus: dict[int, _Gpu] = {}
+        self._executor: ThreadPoolExecutor | None = None
+        self._nvml_up = False
+        self._init_backoff = _Backoff()
+        self._errors: Counter[tuple[str, str]] = Counter()
+        self._exceptions: Counter[str] = Counter()
+        self._last_success: dict[str, float] = {}
+        self._problems = ProblemLog(log)
+        self._snapshot: Snapshot | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def snapshot(self) -> Snapshot | None:
+        """The latest complete snapshot, or None before the first cycle ends."""
+        return self._snapshot
+
+    def run_cycle(self) -> Snapshot:
+        """Collect once and publish the snapshot. Never raises for NVML trouble."""
+        with self._lock:
+            started = time.perf_counter()
+            now = time.monotonic()
+            if not self._nvml_up and self._init_backoff.due(now):
+                self._start_nvml(now)
+            runs: list[CollectorRun] = []
+            if self._nvml_up:
+                self._reacquire_lost_gpus(now)
+                runs = self._collect_all()
+            snapshot = self._publish(runs, time.perf_counter() - started)
+            self._snapshot = snapshot
+            return snapshot
+
+    def close(self) -> None:
+        """Stop the workers and release NVML, unless a call is still stuck inside it."""
+        with self._lock:
+            stuck = [gpu.index for gpu in self._gpus.values() if gpu.in_flight is not None]
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._executor = None
+            if self._nvml_up and not stuck:
+                self._shutdown_nvml()
+            elif stuck:
+                # nvmlShutdown while another thread is inside NVML can crash the process.
+                log.warning("leaving NVML initialised: calls on GPU %s are still running", stuck)
+
+    # NVML lifecycle
+
+    def _start_nvml(self, now: float) -> None:
+        try:
+            nvml.init()
+            count = nvml.device_count()
+        except nvml.LibraryNotFound:
+            self._init_failed(
+                now,
+                "library_not_found",
+                "NVML library libnvidia-ml.so.1 not found: "
+                "install the NVIDIA driver (or run with --simulate); retrying",
+            )
+            return
+        except NvmlError as error:
+            self._init_failed(now, error.name, f"NVML initialisation failed: {error}; retrying")
+            return
+        self._problems.resolve(("nvml",), "NVML initialised: %d GPUs", count)
+        self._nvml_up = True
+        self._init_backoff.reset()
+        known = self._gpus
+        self._gpus = {index: known.get(index) or _Gpu(index) for index in range(count)}
+        for gpu in self._gpus.values():
+            gpu.device = None
+            gpu.retry.reset()
+        self._executor = ThreadPoolExecutor(max_workers=max(1, count), thread_name_prefix="gpu")
+
+    def _init_failed(self, now: float, error: str, message: str) -> None:
+        self._errors[("nvml", error)] += 1
+        self._problems.report(("nvml",), "%s", message)
+        self._init_backoff.failed(now)
+
+    def _shutdown_nvml(self) -> None:
+        try:
+            nvml.shutdown()
+        except NvmlError as error:
+            log.debug("NVML shutdown: %s", error)
+        self._nvml_up = False
+
+    def _reinit(self) -> None:
+        """Drop every handle and initialise again on the next cycle."""
+        if any(gpu.in_flight is not None for gpu in self._gpus.values()):
+            return
+        log.warning("NVML needs to be initialised again (driver reloaded or lost)")
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+        self._shutdown_nvml()
+        self._init_backoff.reset()
+
+    def _reacquire_lost_gpus(self, now: float) -> None:
+        for gpu in self._gpus.values():
+            if gpu.device is not None or not gpu.retry.due(now):
+                continue
+            try:
+                device = nvml.device(gpu.index)
+                identity = device.identity()
+            except NvmlError as error:
+                self._errors[("nvml", error.name)] += 1
+                gpu.retry.failed(now)
+                self._problems.report(
+                    ("gpu", gpu.index), "GPU %d cannot be reached: %s", gpu.index, error
+                )
+                continue
+            if gpu.identity is not None and gpu.identity.uuid != identity.uuid:
+                log.warning(
+                    "GPU %d is now %s (was %s)", gpu.index, identity.uuid, gpu.identity.uuid
+                )
+            gpu.device, gpu.identity = device, identity
+            gpu.retry.reset()
+            gpu.collectors = {
+                spec.name: spec.factory() for spec in self._specs if spec.scope == "device"
+            }
+            self._problems.resolve(
+                ("gpu", gpu.index), "GPU %d (%s) is reporting", gpu.index, identity.uuid
+            )
+
+    # Collection
+
+    def _collect_all(self) -> list[CollectorRun]:
+        assert self._executor is not None
+        pending: dict[Future[list[CollectorRun]], _Gpu] = {}
+        for gpu in self._gpus.values():
+            if gpu.device is not None and gpu.in_flight is None:
+                gpu.in_flight = self._executor.submit(self._collect_gpu, gpu)
+            if gpu.in_flight is not None:
+                pending[gpu.in_flight] = gpu
+        node_runs = [
+            run_collector(spec.name, spec.factory().collect)  # type: ignore[attr-defined]
+            for spec in self._specs
+            if spec.scope == "node"
+        ]
+        wait(pending, timeout=self._timeout)
+        runs = list(node_runs)
+        lost_driver = False
+        for future, gpu in pending.items():
+            if not future.done():
+                self._problems.report(
+                    ("stale", gpu.index),
+                    "GPU %d: collector %s has not returned within %.1fs",
+                    gpu.index,
+                    gpu.current_collector,
+                    self._timeout,
+                )
+                continue
+            gpu.in_flight = None
+            self._problems.resolve(("stale", gpu.index), "GPU %d: collection returned", gpu.index)
+            gpu_runs = future.result()
+            runs.extend(gpu_runs)
+            lost_driver |= self._check_lifecycle(gpu, gpu_runs)
+        if lost_driver:
+            self._reinit()
+        return runs
+
+    def _collect_gpu(self, gpu: _Gpu) -> list[CollectorRun]:
+        assert gpu.device is not None and gpu.identity is not None
+        device, labels = gpu.device, (str(gpu.index), gpu.identity.uuid)
+        runs = []
+        for name, collector in gpu.collectors.items():
+            gpu.current_collector = name
+            run = run_collector(name, partial(collector.collect, device))
+            # Prefix the GPU's identity labels here, once, for every sample.
+            samples = tuple(Sample(s.family, s.value, labels + s.labels) for s in run.samples)
+            runs.append(dataclasses.replace(run, samples=samples, gpu=gpu.index))
+        gpu.current_collector = ""
+        return runs
+
+    def _check_lifecycle(self, gpu: _Gpu, runs: list[CollectorRun]) -> bool:
+        """Mark the GPU lost on a lifecycle error; True when the driver itself went away."""
+        lifecycle = [e for run in runs for e in run.errors if e.lifecycle]
+        if not lifecycle:
+            return False
+        error = lifecycle[0]
+        if error.name in _REINIT_CODES:
+            return True
+        gpu.device = None
+        gpu.retry.failed(time.monotonic())
+        self._problems.report(
+            ("gpu", gpu.index),
+            "GPU %d (%s) lost: %s",
+            gpu.index,
+            gpu.identity.uuid if gpu.identity else "?",
+            error,
+        )
+        return False
+
+    # Publishing
+
+    def _publish(self, runs: list[CollectorRun], cycle_seconds: float) -> Snapshot:
+        completed_at = self._wall_clock()
+        families = _build_families(self._specs, runs)
+        families.extend(self._gpu_families())
+        families.extend(self._meta_families(runs, cycle_seconds, completed_at))
+        gpus = tuple(
+            GpuStatus(
+                index=gpu.index,
+                uuid=gpu.identity.uuid if gpu.identity else "",
+                name=gpu.identity.name if gpu.identity else "",
+                up=gpu.device is not None,
+                stale=gpu.in_flight is not None,
+            )
+            for gpu in self._gpus.values()
+        )
+        return Snapshot(tuple(families), gpus, self._nvml_up, completed_at)
+
+    def _gpu_families(self) -> list[Metric]:
+        info = GaugeMetricFamily(
+            "gpu_info",
+            "Identity of each GPU; always 1. Join on gpu/uuid for the model name "
+            "(nvmlDeviceGetName, GetUUID, GetPciInfo, GetSerial, GetVbiosVersion).",
+            labels=[*GPU_LABELS, "name", "pci_bus_id", "serial", "vbios_version"],
+        )
+        up = GaugeMetricFamily(
+            "gpu_up",
+            "1 while NVML can reach the GPU, 0 once it is lost (fell off the bus).",
+            labels=list(GPU_LABELS),
+        )
+        stale = GaugeMetricFamily(
+            "gpuload_gpu_stale",
+            "1 while a GPU's collection has not returned within the collection timeout "
+            "(a hung NVML call); its device series are then absent.",
+            labels=list(GPU_LABELS),
+        )
+        for gpu in self._gpus.values():
+            identity = gpu.identity
+            if identity is None:
+                continue
+            labels = [str(gpu.index), identity.uuid]
+            info.add_metric(
+                [
+                    *labels,
+                    identity.name,
+                    identity.pci_bus_id,
+                    identity.serial,
+                    identity.vbios_version,
+                ],
+                1,
+            )
+            up.add_metric(labels, 1 if gpu.device is not None else 0)
+            stale.add_metric(labels, 1 if gpu.in_flight is not None else 0)
+        return [info, up, stale]
+
+    def _meta_families(
+        self, runs: list[CollectorRun], cycle_seconds: float, completed_at: float
+    ) -> list[Metric]:
+        success = GaugeMetricFamily(
+            "gpuload_collector_success",
+            "1 if the collector's last run had no unexpected error on any GPU, else 0.",
+            labels=["collector"],
+        )
+        duration = GaugeMetricFamily(
+            "gpuload_collector_duration_seconds",
+            "Time the collector spent in its last run, summed over GPUs.",
+            labels=["collector"],
+        )
+        last_success = GaugeMetricFamily(
+            "gpuload_collector_last_success_timestamp_seconds",
+            "Unix time at which the collector last completed without unexpected errors.",
+            labels=["collector"],
+        )
+        seconds: defaultdict[str, float] = defaultdict(float)
+        for run in runs:
+            seconds[run.name] += run.seconds
+        failed = self._account(runs)
+        stale = {gpu.current_collector for gpu in self._gpus.values() if gpu.in_flight}
+        for spec in self._specs:
+            ok = spec.name not in failed and spec.name not in stale and self._nvml_up
+            if ok:
+                self._last_success[spec.name] = completed_at
+            success.add_metric([spec.name], 1 if ok else 0)
+            duration.add_metric([spec.name], seconds[spec.name])
+            if spec.name in self._last_success:
+                last_success.add_metric([spec.name], self._last_success[spec.name])
+        errors = CounterMetricFamily(
+            "gpuload_nvml_errors_total",
+            "NVML calls that failed unexpectedly, by collector and NVML error "
+            "(not_supported is not counted: the series is simply absent).",
+            labels=["collector", "error"],
+        )
+        for (collector, error_name), count in sorted(self._errors.items()):
+            errors.add_metric([collector, error_name], count)
+        exceptions = CounterMetricFamily(
+            "gpuload_collector_exceptions_total",
+            "Collector runs that raised an unexpected exception (a bug: please report it).",
+            labels=["collector"],
+        )
+        for collector, count in sorted(self._exceptions.items()):
+            exceptions.add_metric([collector], count)
+        return [
+            success,
+            duration,
+            last_success,
+            errors,
+            exceptions,
+            GaugeMetricFamily(
+                "gpuload_nvml_up",
+                "1 if NVML is initialised and answering, else 0.",
+                value=1 if self._nvml_up else 0,
+            ),
+            GaugeMetricFamily(
+                "gpuload_last_collection_timestamp_seconds",
+                "Unix time at which the last collection cycle completed.",
+                value=completed_at,
+            ),
+            GaugeMetricFamily(
+                "gpuload_collection_duration_seconds",
+                "Wall time of the last collection cycle (GPUs are read in parallel).",
+                value=cycle_seconds,
+            ),
+            _build_info(),
+        ]
+
+    def _account(self, runs: list[CollectorRun]) -> set[str]:
+        """Count errors, log problems once per collector and GPU; return failed collectors."""
+        failed: set[str] = set()
+        for run in runs:
+            unexpected = [e for e in run.errors if not e.lifecycle]
+            for error in unexpected:
+                self._errors[(run.name, error.name)] += 1
+            if run.invalid:
+                self._errors[(run.name, "invalid_value")] += len(run.invalid)
+            if run.exception:
+                self._exceptions[run.name] += 1
+            key = ("collector", run.name, run.gpu)
+            where = "node" if run.gpu is None else f"GPU {run.gpu}"
+            problem = _describe_problem(run, unexpected)
+            if problem:
+                failed.add(run.name)
+                self._problems.report(key, "collector %s on %s: %s", run.name, where, problem)
+            else:
+                self._problems.resolve(key, "collector %s on %s: recovered", run.name, where)
+        return failed
+
+
+def _describe_problem(run: CollectorRun, unexpected: list[NvmlError]) -> str:
+    if run.exception:
+        return f"raised {run.exception}"
+    if unexpected:
+        return f"NVML error {unexpected[0].name}: {unexpected[0]}"
+    if run.invalid:
+        return f"implausible values dropped: {', '.join(run.invalid)}"
+    return ""
+
+
+def _build_info() -> Metric:
+    family = GaugeMetricFamily(
+        "gpuload_build_info", "gpuload's version; always 1.", labels=["version"]
+    )
+    family.add_metric([__version__], 1)
+    return family
+
+
+def _new_family(spec: Family) -> GaugeMetricFamily | CounterMetricFamily:
+    labels = [*GPU_LABELS, *spec.labels] if spec.per_gpu else list(spec.labels)
+    if spec.kind == "counter":
+        return CounterMetricFamily(spec.name, spec.help, labels=labels)
+    return GaugeMetricFamily(spec.name, spec.help, labels=labels)
+
+
+def _build_families(specs: list[CollectorSpec], runs: list[CollectorRun]) -> list[Metric]:
+    """Group samples into their families, in registry order; empty families are left out."""
+    families = {family.name: _new_family(family) for spec in specs for family in spec.families}
+    for run in runs:
+        for sample in run.samples:
+            families[sample.family].add_metric(list(sample.labels), sample.value)
+    return [family for family in families.values() if family.samples]

@@ -1,0 +1,134 @@
+"""The collector framework: the registry, samples, and the per-call error boundary.
+
+A collector module defines the metric families it exports and a class whose
+`collect` reads one GPU (or, with ``scope="node"``, the node) and yields
+`Sample`s. It registers itself with `@register` when imported, so that the
+`--collector.NAME` flags and the ``collectors.NAME.enabled`` keys exist for it
+without any central list to edit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, TypeVar
+
+from exporter.nvml import Device, NotSupported, NvmlError
+
+T = TypeVar("T")
+
+# Labels every per-GPU series carries; everything else descriptive is in gpu_info.
+GPU_LABELS = ("gpu", "uuid")
+
+
+@dataclass(frozen=True)
+class Family:
+    """A metric family's contract: name, type, help and its labels beyond gpu/uuid."""
+
+    name: str
+    kind: Literal["gauge", "counter"]
+    help: str
+    labels: tuple[str, ...] = ()
+    per_gpu: bool = True
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One value of a family; `labels` are the values of the family's extra labels."""
+
+    family: str
+    value: float
+    labels: tuple[str, ...] = ()
+
+
+class Reader:
+    """Runs NVML reads for one collector on one GPU, sorting their outcomes.
+
+    A value that does not exist (not supported, sentinel) comes back as None and
+    is not an error. Any other NVML error also yields None, so the collector's
+    other series go on, but is recorded for the error counters and the log.
+    """
+
+    def __init__(self) -> None:
+        self.errors: list[NvmlError] = []
+        self.invalid: list[str] = []
+
+    def __call__(
+        self, read: Callable[[], T], *, valid: Callable[[T], bool] | None = None, what: str = ""
+    ) -> T | None:
+        """Return `read()`, or None when the value is absent, failed or implausible."""
+        try:
+            value = read()
+        except NotSupported:
+            return None
+        except NvmlError as error:
+            self.errors.append(error)
+            return None
+        if valid is not None and not valid(value):
+            self.invalid.append(f"{what or getattr(read, '__name__', 'value')}={value!r}")
+            return None
+        return value
+
+
+class DeviceCollector(Protocol):
+    """Reads one GPU. One instance per GPU, so it may keep per-GPU state."""
+
+    def collect(self, device: Device, read: Reader) -> Iterable[Sample]:
+        """Yield this collector's samples for `device`."""
+
+
+class NodeCollector(Protocol):
+    """Reads node-wide values (the driver), once per cycle."""
+
+    def collect(self, read: Reader) -> Iterable[Sample]:
+        """Yield this collector's samples for the node."""
+
+
+@dataclass(frozen=True)
+class CollectorSpec:
+    """A registered collector: how to build it and whether it runs by default."""
+
+    name: str
+    families: tuple[Family, ...]
+    factory: Callable[[], object]
+    scope: Literal["device", "node"] = "device"
+    enabled_by_default: bool = True
+    description: str = field(default="")
+
+
+REGISTRY: dict[str, CollectorSpec] = {}
+
+
+def register(
+    name: str,
+    families: Iterable[Family],
+    *,
+    scope: Literal["device", "node"] = "device",
+    enabled_by_default: bool = True,
+) -> Callable[[type[T]], type[T]]:
+    """Class decorator adding a collector to the registry under `name`."""
+
+    def add(cls: type[T]) -> type[T]:
+        if name in REGISTRY:
+            raise ValueError(f"collector {name!r} registered twice")
+        REGISTRY[name] = CollectorSpec(
+            name=name,
+            families=tuple(families),
+            factory=cls,
+            scope=scope,
+            enabled_by_default=enabled_by_default,
+            description=(cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "",
+        )
+        return cls
+
+    return add
+
+
+def ratio_from_percent(percent: float) -> float:
+    """NVML's 0-100 percent as a Prometheus 0..1 ratio."""
+    return percent / 100.0
+
+
+def is_percent(value: float) -> bool:
+    """True for a plausible percentage."""
+    return 0 <= value <= 100

@@ -1,0 +1,36 @@
+"""Driver stack versions, once per node.
+
+Families:
+    gpuload_driver_info{driver_version,cuda_driver_version,nvml_version}:
+        nvmlSystemGetDriverVersion, nvmlSystemGetCudaDriverVersion, nvmlSystemGetNVMLVersion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from exporter import nvml
+from exporter.collectors.base import Family, Reader, Sample, register
+
+FAMILIES = (
+    Family(
+        "gpuload_driver_info",
+        "gauge",
+        "NVIDIA driver, CUDA driver API and NVML versions on this node; always 1 "
+        "(nvmlSystemGetDriverVersion, nvmlSystemGetCudaDriverVersion, nvmlSystemGetNVMLVersion).",
+        ("driver_version", "cuda_driver_version", "nvml_version"),
+        per_gpu=False,
+    ),
+)
+
+
+@register("driver", FAMILIES, scope="node")
+class DriverCollector:
+    """Driver, CUDA driver and NVML versions."""
+
+    def collect(self, read: Reader) -> Iterator[Sample]:
+        """Yield the driver info series."""
+        info = read(nvml.driver_info)
+        if info is not None:
+            labels = (info.driver_version, info.cuda_driver_version, info.nvml_version)
+            yield Sample("gpuload_driver_info", 1, labels)

@@ -1,0 +1,282 @@
+"""The daemon's configuration: one typed object built from defaults < file < env < flags.
+
+Every setting has a dotted key path (``web.listen_address``); the YAML file
+nests by it, the environment spells it ``GPULOAD_WEB_LISTEN_ADDRESS`` and the
+command line ``--web.listen-address``. Validation happens here, once, and an
+error names the key path, where it came from and what was expected.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENV_PREFIX = "GPULOAD_"
+# Variables the simulated NVML reads in programs started by `gpuload sim exec`.
+_RESERVED_ENV_PREFIX = "GPULOAD_SIM_"
+DEFAULT_PORT = 19400
+
+
+class ConfigError(ValueError):
+    """A setting is unknown or has a bad value; the message names its key path."""
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """Where and how the HTTP endpoint listens."""
+
+    listen_address: str = f":{DEFAULT_PORT}"
+    telemetry_path: str = "/metrics"
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Log level and line format."""
+
+    level: str = "info"
+    format: str = "text"
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """Run against the simulated NVML instead of the driver (`--simulate`)."""
+
+    scenario: str | None = None
+    epoch: float | None = None
+    seed: int | None = None
+    time: float | None = None
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything `gpuload serve` needs, validated."""
+
+    web: WebConfig = field(default_factory=WebConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    collect_interval: float = 1.0
+    collect_timeout: float | None = None
+    collectors: Mapping[str, bool] = field(default_factory=dict)
+    simulate: SimulationConfig = field(default_factory=SimulationConfig)
+
+    @property
+    def effective_collect_timeout(self) -> float:
+        """How long one cycle waits for a GPU before reporting it stale."""
+        return self.collect_timeout or max(0.1, self.collect_interval * 0.8)
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-]*):(\d{1,5})$")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number or a string like ``500ms``, ``1s``, ``2m``."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration like 1s, 500ms or a number of seconds")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value).strip())
+        if not match:
+            raise ValueError("expected a duration like 1s, 500ms or a number of seconds")
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if seconds <= 0:
+        raise ValueError("expected a duration above zero")
+    return seconds
+
+
+def parse_bool(value: Any) -> bool:
+    """A boolean from YAML or from the words true/false/1/0/yes/no."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def parse_listen_address(value: Any) -> str:
+    """``host:port``, ``:port`` (all interfaces) or ``[v6]:port``; port 0 picks a free one."""
+    text = str(value)
+    match = _ADDRESS.match(text)
+    if not match or int(match.group(2)) > 65535:
+        raise ValueError("expected host:port, :port or [ipv6]:port with a port 0-65535")
+    return text
+
+
+def _choice(*allowed: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = str(value).lower()
+        if text not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}")
+        return text
+
+    return parse
+
+
+def _path(value: Any) -> str:
+    text = str(value)
+    if not text.startswith("/"):
+        raise ValueError("expected a path starting with /")
+    return text
+
+
+def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else parse(value)
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("expected a number")
+    return float(value)
+
+
+def _integer(value: Any) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError("expected an integer")
+    return int(value)
+
+
+# Every scalar setting, by key path. Collectors' `collectors.NAME.enabled` keys
+# come from the collector registry and are added by `load`.
+_SETTINGS: dict[str, Callable[[Any], Any]] = {
+    "web.listen_address": parse_listen_address,
+    "web.telemetry_path": _path,
+    "log.level": _choice("debug", "info", "warning", "error"),
+    "log.format": _choice("text", "json"),
+    "collect_interval": parse_duration,
+    "collect_timeout": _optional(parse_duration),
+    "simulate.scenario": _optional(str),
+    "simulate.epoch": _optional(_number),
+    "simulate.seed": _optional(_integer),
+    "simulate.time": _optional(_number),
+}
+
+
+def env_name(key: str) -> str:
+    """The environment variable of a key path: web.listen_address -> GPULOAD_WEB_LISTEN_ADDRESS."""
+    return ENV_PREFIX + key.upper().replace(".", "_")
+
+
+def _flatten(tree: Any, prefix: str, out: dict[str, Any]) -> None:
+    if not isinstance(tree, Mapping):
+        out[prefix] = tree
+        return
+    for key, value in tree.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            _flatten(value, path, out)
+        else:
+            out[path] = value
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        tree = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"config file {path}: cannot read it ({error.strerror})") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {path}: not valid YAML ({error})") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, Mapping):
+        raise ConfigError(f"config file {path}: expected a mapping of settings at the top level")
+    flat: dict[str, Any] = {}
+    _flatten(tree, "", flat)
+    return flat
+
+
+def _read_env(environ: Mapping[str, str], settings: Mapping[str, Any]) -> dict[str, Any]:
+    by_name = {env_name(key): key for key in settings}
+    found: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or name.startswith(_RESERVED_ENV_PREFIX):
+            continue
+        if name not in by_name:
+            raise ConfigError(f"environment variable {name}: not a gpuload setting")
+        found[by_name[name]] = value
+    return found
+
+
+def load(
+    *,
+    file: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    collectors: Mapping[str, bool] | None = None,
+) -> Config:
+    """Build and validate the configuration; flags > env > file > defaults.
+
+    Args:
+        file: YAML config file, nested by key path.
+        environ: the process environment (GPULOAD_* variables are read).
+        flags: values given on the command line, by key path.
+        collectors: every known collector and whether it is enabled by default.
+
+    Raises:
+        ConfigError: naming the first bad key path, its source and what is expected.
+    """
+    known = dict(collectors or {})
+    settings = dict(_SETTINGS)
+    settings.update({f"collectors.{name}.enabled": parse_bool for name in known})
+
+    layers = [
+        ("config file", _read_file(Path(file)) if file else {}),
+        ("environment", _read_env(environ or {}, settings)),
+        ("flag", dict(flags or {})),
+    ]
+    values: dict[str, Any] = {}
+    for source, layer in layers:
+        for key, raw in layer.items():
+            parse = settings.get(key)
+            if parse is None:
+                raise ConfigError(f"{source} {key}: unknown setting{_hint(key, settings)}")
+            try:
+                values[key] = parse(raw)
+            except (TypeError, ValueError) as error:
+                raise ConfigError(f"{source} {key}: {raw!r} is not valid: {error}") from None
+    return _build(values, known)
+
+
+def _hint(key: str, settings: Mapping[str, Any]) -> str:
+    if key.startswith("collectors."):
+        names = sorted({k.split(".")[1] for k in settings if k.startswith("collectors.")})
+        return f" (collectors are: {', '.join(names)}; each takes `enabled`)"
+    return f" (known: {', '.join(sorted(k for k in settings if not k.startswith('collectors.')))})"
+
+
+def _build(values: Mapping[str, Any], collectors: Mapping[str, bool]) -> Config:
+    def get(key: str, default: Any) -> Any:
+        return values.get(key, default)
+
+    defaults = Config()
+    enabled = {
+        name: get(f"collectors.{name}.enabled", default_on)
+        for name, default_on in collectors.items()
+    }
+    return Config(
+        web=WebConfig(
+            listen_address=get("web.listen_address", defaults.web.listen_address),
+            telemetry_path=get("web.telemetry_path", defaults.web.telemetry_path),
+        ),
+        log=LogConfig(
+            level=get("log.level", defaults.log.level),
+            format=get("log.format", defaults.log.format),
+        ),
+        collect_interval=get("collect_interval", defaults.collect_interval),
+        collect_timeout=get("collect_timeout", defaults.collect_timeout),
+        collectors=enabled,
+        simulate=SimulationConfig(
+            scenario=get("simulate.scenario", None),
+            epoch=get("simulate.epoch", None),
+            seed=get("simulate.seed", None),
+            time=get("simulate.time", None),
+        ),
+    )

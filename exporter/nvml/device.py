@@ -1,0 +1,263 @@
+"""Typed readers for one GPU: each method is one NVML call.
+
+Values come back in NVML's own units (MiB is never used by NVML: memory is in
+bytes, power in milliwatts, energy in millijoules, clocks in MHz, utilization in
+percent); the collectors convert them to Prometheus base units. Every method
+raises `NotSupported` when the value does not exist on this GPU, including
+when NVML answers with its all-ones "unavailable" sentinel, and `NvmlError`
+for anything else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from exporter.nvml.errors import ValueUnavailable, translated
+
+_UINT_UNAVAILABLE = 0xFFFFFFFF
+_ULONGLONG_UNAVAILABLE = 0xFFFFFFFFFFFFFFFF
+
+CLOCK_TYPES = {
+    "graphics": pynvml.NVML_CLOCK_GRAPHICS,
+    "sm": pynvml.NVML_CLOCK_SM,
+    "memory": pynvml.NVML_CLOCK_MEM,
+}
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What identifies a GPU and does not change while it is present."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    serial: str
+    vbios_version: str
+
+
+@dataclass(frozen=True)
+class Utilization:
+    """Percent of the last sample period that a kernel / the memory controller was busy."""
+
+    gpu_percent: int
+    memory_percent: int
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    """Frame buffer memory in bytes; `reserved` is None on drivers without the v2 call."""
+
+    total: int
+    used: int
+    free: int
+    reserved: int | None
+
+
+@dataclass(frozen=True)
+class Bar1Memory:
+    """BAR1 (host-mapped) memory in bytes."""
+
+    total: int
+    used: int
+
+
+def _checked(value: int, what: str, sentinel: int = _UINT_UNAVAILABLE) -> int:
+    if value == sentinel:
+        raise ValueUnavailable(what)
+    return value
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+class Device:
+    """One GPU, addressed by its NVML handle. Thread-safe: NVML itself is."""
+
+    def __init__(self, index: int, handle: Any) -> None:
+        self.index = index
+        self._handle = handle
+
+    def identity(self) -> Identity:
+        """Read the GPU's identity. UUID and name are required; the rest may be empty."""
+        with translated():
+            uuid = _text(pynvml.nvmlDeviceGetUUID(self._handle))
+            name = _text(pynvml.nvmlDeviceGetName(self._handle))
+        return Identity(
+            index=self.index,
+            uuid=uuid,
+            name=name,
+            pci_bus_id=self._optional_text(lambda: pynvml.nvmlDeviceGetPciInfo(self._handle).busId),
+            serial=self._optional_text(lambda: pynvml.nvmlDeviceGetSerial(self._handle)),
+            vbios_version=self._optional_text(
+                lambda: pynvml.nvmlDeviceGetVbiosVersion(self._handle)
+            ),
+        )
+
+    @staticmethod
+    def _optional_text(read: Any) -> str:
+        # Consumer GPUs have no serial; an info label is then empty, not missing.
+        try:
+            return _text(read())
+        except pynvml.NVMLError_NotSupported:
+            return ""
+
+    def utilization(self) -> Utilization:
+        """nvmlDeviceGetUtilizationRates: percent busy over the last sample period."""
+        with translated():
+            rates = pynvml.nvmlDeviceGetUtilizationRates(self._handle)
+        return Utilization(
+            gpu_percent=_checked(rates.gpu, "utilization.gpu"),
+            memory_percent=_checked(rates.memory, "utilization.memory"),
+        )
+
+    def encoder_utilization_percent(self) -> int:
+        """nvmlDeviceGetEncoderUtilization: percent the video encoder was busy."""
+        with translated():
+            percent, _period_us = pynvml.nvmlDeviceGetEncoderUtilization(self._handle)
+        return _checked(percent, "encoder utilization")
+
+    def decoder_utilization_percent(self) -> int:
+        """nvmlDeviceGetDecoderUtilization: percent the video decoder was busy."""
+        with translated():
+            percent, _period_us = pynvml.nvmlDeviceGetDecoderUtilization(self._handle)
+        return _checked(percent, "decoder utilization")
+
+    def memory(self) -> MemoryInfo:
+        """Frame buffer memory; the v2 call (driver >= 515) adds `reserved` and a correct `used`."""
+        with translated():
+            try:
+                info = pynvml.nvmlDeviceGetMemoryInfo(self._handle, version=pynvml.nvmlMemory_v2)
+                reserved: int | None = int(info.reserved)
+            except pynvml.NVMLError_FunctionNotFound:
+                info = pynvml.nvmlDeviceGetMemoryInfo(self._handle)
+                reserved = None
+        total = _checked(info.total, "memory.total", _ULONGLONG_UNAVAILABLE)
+        return MemoryInfo(total=total, used=int(info.used), free=int(info.free), reserved=reserved)
+
+    def bar1_memory(self) -> Bar1Memory:
+        """nvmlDeviceGetBAR1MemoryInfo, in bytes."""
+        with translated():
+            info = pynvml.nvmlDeviceGetBAR1MemoryInfo(self._handle)
+        total = _checked(info.bar1Total, "bar1.total", _ULONGLONG_UNAVAILABLE)
+        return Bar1Memory(total=total, used=int(info.bar1Used))
+
+    def pcie_link_generation(self) -> int:
+        """NvmlDeviceGetCurrPcieLinkGeneration (drops when the GPU idles to save power)."""
+        with translated():
+            return _checked(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(self._handle), "pcie.gen")
+
+    def pcie_link_max_generation(self) -> int:
+        """nvmlDeviceGetMaxPcieLinkGeneration: the best the GPU and its slot can do together."""
+        with translated():
+            value = pynvml.nvmlDeviceGetMaxPcieLinkGeneration(self._handle)
+        return _checked(value, "pcie.gen.max")
+
+    def pcie_link_width(self) -> int:
+        """nvmlDeviceGetCurrPcieLinkWidth, in lanes."""
+        with translated():
+            return _checked(pynvml.nvmlDeviceGetCurrPcieLinkWidth(self._handle), "pcie.width")
+
+    def pcie_link_max_width(self) -> int:
+        """nvmlDeviceGetMaxPcieLinkWidth, in lanes."""
+        with translated():
+            return _checked(pynvml.nvmlDeviceGetMaxPcieLinkWidth(self._handle), "pcie.width.max")
+
+    def pcie_replay_count(self) -> int:
+        """nvmlDeviceGetPcieReplayCounter: link-level retransmissions since driver load."""
+        with translated():
+            return _checked(pynvml.nvmlDeviceGetPcieReplayCounter(self._handle), "pcie.replay")
+
+    def temperature_celsius(self) -> int:
+        """GPU core temperature: nvmlDeviceGetTemperatureV, the old call on old drivers."""
+        with translated():
+            try:
+                value = pynvml.nvmlDeviceGetTemperatureV(self._handle, pynvml.NVML_TEMPERATURE_GPU)
+            except pynvml.NVMLError_FunctionNotFound:
+                value = pynvml.nvmlDeviceGetTemperature(self._handle, pynvml.NVML_TEMPERATURE_GPU)
+        return _checked(value, "temperature.gpu")
+
+    def memory_temperature_celsius(self) -> int:
+        """HBM temperature from field NVML_FI_DEV_MEMORY_TEMP (data-centre GPUs only)."""
+        return self._field_value(pynvml.NVML_FI_DEV_MEMORY_TEMP, "temperature.memory")
+
+    def temperature_threshold_celsius(self, threshold: int) -> int:
+        """NvmlDeviceGetTemperatureThreshold for one NVML_TEMPERATURE_THRESHOLD_* kind."""
+        with translated():
+            value = pynvml.nvmlDeviceGetTemperatureThreshold(self._handle, threshold)
+        return _checked(value, "temperature threshold")
+
+    def power_usage_milliwatts(self) -> int:
+        """nvmlDeviceGetPowerUsage: a 1 s average on Ampere and newer, instant before."""
+        with translated():
+            return _checked(pynvml.nvmlDeviceGetPowerUsage(self._handle), "power.draw")
+
+    def power_limit_milliwatts(self) -> int:
+        """nvmlDeviceGetEnforcedPowerLimit: the limit the GPU actually obeys."""
+        with translated():
+            return _checked(pynvml.nvmlDeviceGetEnforcedPowerLimit(self._handle), "power.limit")
+
+    def energy_millijoules(self) -> int:
+        """nvmlDeviceGetTotalEnergyConsumption: energy since the driver was loaded (Volta+)."""
+        with translated():
+            value = pynvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
+        return _checked(value, "energy", _ULONGLONG_UNAVAILABLE)
+
+    def clock_mhz(self, clock: str) -> int:
+        """NvmlDeviceGetClockInfo for `graphics`, `sm` or `memory`."""
+        with translated():
+            value = pynvml.nvmlDeviceGetClockInfo(self._handle, CLOCK_TYPES[clock])
+        return _checked(value, f"clocks.{clock}")
+
+    def max_clock_mhz(self, clock: str) -> int:
+        """NvmlDeviceGetMaxClockInfo for `graphics`, `sm` or `memory`."""
+        with translated():
+            value = pynvml.nvmlDeviceGetMaxClockInfo(self._handle, CLOCK_TYPES[clock])
+        return _checked(value, f"clocks.max.{clock}")
+
+    def clock_event_reasons(self) -> int:
+        """Bitmask of why clocks are held down; older drivers only have the "throttle" name."""
+        with translated():
+            try:
+                value = pynvml.nvmlDeviceGetCurrentClocksEventReasons(self._handle)
+            except pynvml.NVMLError_FunctionNotFound:
+                value = pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(self._handle)
+        return _checked(value, "clocks_event_reasons", _ULONGLONG_UNAVAILABLE)
+
+    def fan_speed_percent(self) -> int:
+        """nvmlDeviceGetFanSpeed: intended fan speed; passively cooled GPUs do not support it."""
+        with translated():
+            return _checked(pynvml.nvmlDeviceGetFanSpeed(self._handle), "fan.speed")
+
+    def _field_value(self, field_id: int, what: str) -> int:
+        # Field calls report per-field status: one unsupported field is not a failed call.
+        with translated():
+            (field,) = pynvml.nvmlDeviceGetFieldValues(self._handle, [field_id])
+            pynvml._nvmlCheckReturn(field.nvmlReturn)
+        value = _field_number(field)
+        return _checked(value, what, _sentinel_for(field.valueType))
+
+
+def _field_number(field: Any) -> int:
+    value_type = field.valueType
+    if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE:
+        return int(field.value.dVal)
+    if value_type == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+        return int(field.value.uiVal)
+    if value_type == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG:
+        return int(field.value.ulVal)
+    if value_type == pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
+        return int(field.value.sllVal)
+    if value_type == pynvml.NVML_VALUE_TYPE_SIGNED_INT:
+        return int(field.value.siVal)
+    return int(field.value.ullVal)
+
+
+def _sentinel_for(value_type: int) -> int:
+    if value_type in (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_VALUE_TYPE_SIGNED_INT):
+        return _UINT_UNAVAILABLE
+    return _ULONGLONG_UNAVAILABLE

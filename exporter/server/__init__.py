@@ -1,0 +1,1 @@
+"""Serving: the HTTP endpoint and the `gpuload serve` daemon."""

@@ -1,0 +1,77 @@
+"""`gpuload serve`: collect in the background, serve the latest snapshot over HTTP."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import signal
+import threading
+from types import FrameType
+
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from exporter.collection import Collection
+from exporter.config import Config
+from exporter.server.http import Application, Server
+
+log = logging.getLogger(__name__)
+
+
+def _install_simulator(config: Config) -> None:
+    # Imported here: a real deployment never loads the simulator.
+    from exporter import sim
+
+    settings = config.simulate
+    assert settings.scenario is not None
+    sim.install(
+        settings.scenario, epoch=settings.epoch, seed=settings.seed, pinned_time=settings.time
+    )
+    log.info("using the simulated NVML, scenario %s (not a real GPU)", settings.scenario)
+
+
+def serve(config: Config, *, stop: threading.Event | None = None) -> int:
+    """Run the exporter until SIGTERM/SIGINT (or `stop` is set); returns the exit code."""
+    if config.simulate.scenario:
+        _install_simulator(config)
+    collection = Collection(config.collectors, timeout=config.effective_collect_timeout)
+    server = Server(
+        config.web.listen_address,
+        Application(lambda: collection.snapshot, config.web.telemetry_path),
+    )
+    stop = stop or threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    scheduler = BackgroundScheduler(daemon=True)
+    # One job, never overlapping: a slow cycle delays the next instead of stacking.
+    scheduler.add_job(
+        collection.run_cycle,
+        "interval",
+        seconds=config.collect_interval,
+        id="collect",
+        max_instances=1,
+        coalesce=True,
+        misfire_grace_time=None,
+        next_run_time=datetime.datetime.now(datetime.timezone.utc),
+    )
+    enabled = sorted(name for name, on in config.collectors.items() if on)
+    scheduler.start()
+    server.start()
+    log.info(
+        "listening on %s (metrics at %s), collecting every %gs with %s",
+        server.url,
+        config.web.telemetry_path,
+        config.collect_interval,
+        ", ".join(enabled),
+    )
+    stop.wait()
+    server.stop()
+    scheduler.shutdown(wait=False)
+    collection.close()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,163 @@
+"""The HTTP endpoint: /metrics, /healthz, /readyz and a landing page.
+
+The scrape path reads the latest snapshot and never calls NVML. /metrics is
+prometheus_client's own WSGI app on a dedicated registry, which gives content
+negotiation (OpenMetrics when asked), gzip when asked and `name[]` filtering.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import socket
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, make_wsgi_app
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
+
+from exporter import __version__
+from exporter.collection import Snapshot
+
+log = logging.getLogger(__name__)
+
+StartResponse = Callable[..., Any]
+
+
+class SnapshotCollector(Collector):
+    """Serves the families of the latest snapshot to a prometheus_client registry."""
+
+    def __init__(self, latest: Callable[[], Snapshot | None]) -> None:
+        self._latest = latest
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the latest snapshot's families; nothing before the first cycle."""
+        snapshot = self._latest()
+        if snapshot is not None:
+            yield from snapshot.families
+
+
+def build_registry(latest: Callable[[], Snapshot | None]) -> CollectorRegistry:
+    """A dedicated registry: the snapshot plus the process's own metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(latest))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return registry
+
+
+class Application:
+    """The WSGI application routing gpuload's endpoints."""
+
+    def __init__(self, latest: Callable[[], Snapshot | None], telemetry_path: str) -> None:
+        self._latest = latest
+        self._telemetry_path = telemetry_path
+        self._metrics = make_wsgi_app(build_registry(latest))
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        """Dispatch a request by path."""
+        path = environ.get("PATH_INFO", "/")
+        if path == self._telemetry_path:
+            return self._metrics(environ, start_response)
+        if path == "/healthz":
+            return _text(start_response, "200 OK", "ok\n")
+        if path == "/readyz":
+            if self._latest() is None:
+                return _text(start_response, "503 Service Unavailable", "collecting\n")
+            return _text(start_response, "200 OK", "ready\n")
+        if path == "/":
+            page = landing_page(self._latest(), self._telemetry_path)
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [page.encode()]
+        return _text(start_response, "404 Not Found", "not found\n")
+
+
+def _text(start_response: StartResponse, status: str, body: str) -> list[bytes]:
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+    return [body.encode()]
+
+
+def landing_page(snapshot: Snapshot | None, telemetry_path: str) -> str:
+    """A small HTML page listing the GPUs and linking the endpoints."""
+    if snapshot is None:
+        rows = "<tr><td colspan=4>first collection pending</td></tr>"
+        nvml = "starting"
+    else:
+        nvml = "up" if snapshot.nvml_up else "down (see the log)"
+        rows = (
+            "".join(
+                f"<tr><td>{gpu.index}</td><td>{html.escape(gpu.name)}</td>"
+                f"<td><code>{html.escape(gpu.uuid)}</code></td>"
+                f"<td>{'stale' if gpu.stale else 'up' if gpu.up else 'lost'}</td></tr>"
+                for gpu in snapshot.gpus
+            )
+            or "<tr><td colspan=4>no GPUs</td></tr>"
+        )
+    path = html.escape(telemetry_path)
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>gpuload</title>
+<style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:.2em .8em;text-align:left}}</style>
+</head><body>
+<h1>gpuload {html.escape(__version__)}</h1>
+<p>NVML: {nvml}</p>
+<table><tr><th>GPU</th><th>Name</th><th>UUID</th><th>State</th></tr>{rows}</table>
+<p><a href="{path}">Metrics</a> · <a href="/healthz">Health</a> ·
+<a href="/readyz">Readiness</a></p>
+</body></html>
+"""
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """Request handler that does not write an access-log line per scrape."""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Drop per-request logs: scrapes every few seconds would flood the log."""
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _ThreadingServerV6(_ThreadingServer):
+    address_family = socket.AF_INET6
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Split ``host:port``; an empty host means every interface."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class Server:
+    """The HTTP server on its own thread."""
+
+    def __init__(self, address: str, app: Application) -> None:
+        host, port = parse_address(address)
+        server_class = _ThreadingServerV6 if ":" in host else _ThreadingServer
+        self._httpd = make_server(host, port, app, server_class, _QuietHandler)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="http", kwargs={"poll_interval": 0.2}
+        )
+
+    @property
+    def url(self) -> str:
+        """The base URL the server is reachable at (its real port if 0 was asked)."""
+        host, port = str(self._httpd.server_address[0]), self._httpd.server_address[1]
+        shown = "127.0.0.1" if host in ("", "0.0.0.0") else host
+        shown = f"[{shown}]" if ":" in shown else shown
+        return f"http://{shown}:{port}/"
+
+    def start(self) -> None:
+        """Serve in the background."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop accepting and close the socket."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=1)
