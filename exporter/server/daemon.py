@@ -34,10 +34,12 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     if config.simulate.scenario:
         _install_simulator(config)
     collection = Collection(config.collectors, timeout=config.effective_collect_timeout)
-    server = Server(
-        config.web.listen_address,
-        Application(lambda: collection.snapshot, config.web.telemetry_path),
-    )
+    app = Application(lambda: collection.snapshot, config.web.telemetry_path)
+    try:
+        server = Server(config.web.listen_address, app)
+    except OSError as error:
+        log.error("cannot listen on %s: %s", config.web.listen_address, error.strerror or error)
+        return 1
     stop = stop or threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

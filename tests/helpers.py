@@ -1,0 +1,115 @@
+"""Test helpers: a real `gpuload serve` process on 127.0.0.1 and metric parsing."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parent.parent
+_LISTENING = re.compile(r"listening on (http://\S+/)")
+
+
+@dataclass
+class Daemon:
+    """A running `gpuload serve` subprocess and what it has logged so far."""
+
+    process: subprocess.Popen[str]
+    url: str = ""
+    lines: list[str] = field(default_factory=list)
+
+    def get(self, path: str, **kwargs: object) -> requests.Response:
+        return requests.get(self.url + path.lstrip("/"), timeout=5, **kwargs)  # type: ignore[arg-type]
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Scrape /metrics into {(sample name, sorted labels): value}."""
+        return parse_metrics(self.get("/metrics").text)
+
+    def log(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self, sig: int = signal.SIGTERM) -> float:
+        """Send `sig`, wait for exit, return the seconds it took."""
+        started = time.monotonic()
+        self.process.send_signal(sig)
+        self.process.wait(timeout=10)
+        return time.monotonic() - started
+
+
+def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value_of(samples: dict, name: str, **labels: str) -> float | None:
+    """The value of the sample with exactly these labels, or None if absent."""
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def series(samples: dict, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {labels: value for (sample, labels), value in samples.items() if sample == name}
+
+
+def start_daemon(*args: str, env: dict[str, str] | None = None, wait_ready: bool = True) -> Daemon:
+    command = [
+        sys.executable,
+        "-m",
+        "exporter",
+        "serve",
+        "--web.listen-address",
+        "127.0.0.1:0",
+        *args,
+    ]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("GPULOAD_")}
+    environment.update(env or {})
+    environment["PYTHONUNBUFFERED"] = "1"
+    process = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=environment,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    daemon = Daemon(process)
+    seen = threading.Event()
+
+    def drain() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            daemon.lines.append(line)
+            match = _LISTENING.search(line)
+            if match:
+                daemon.url = match.group(1)
+                seen.set()
+        seen.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    if not seen.wait(timeout=20) or not daemon.url:
+        process.kill()
+        raise AssertionError(f"gpuload serve did not start:\n{daemon.log()}")
+    if wait_ready:
+        wait_until(lambda: daemon.get("/readyz").status_code == 200, what="readiness")
+    return daemon
+
+
+def wait_until(condition: Callable[[], object], *, timeout: float = 15, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what or condition}")

@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from exporter import config
+
+COLLECTORS = {"utilization": True, "fan": True, "experimental": False}
+
+
+def load(tmp_path: Path, text: str | None = None, **kwargs: object) -> config.Config:
+    file = None
+    if text is not None:
+        file = tmp_path / "gpuload.yaml"
+        file.write_text(text)
+    return config.load(file=file, collectors=COLLECTORS, **kwargs)  # type: ignore[arg-type]
+
+
+def test_defaults_listen_on_all_interfaces_every_second(tmp_path: Path) -> None:
+    settings = load(tmp_path)
+    assert settings.web.listen_address == ":19400"
+    assert settings.collect_interval == 1.0
+    assert settings.collectors == {"utilization": True, "fan": True, "experimental": False}
+    assert settings.log.format == "text"
+
+
+def test_flags_beat_environment_beat_file(tmp_path: Path) -> None:
+    text = "collect_interval: 5s\nweb:\n  listen_address: ':1111'\nlog:\n  level: debug\n"
+    env = {"GPULOAD_COLLECT_INTERVAL": "2s", "GPULOAD_WEB_LISTEN_ADDRESS": ":2222"}
+    settings = load(tmp_path, text, environ=env, flags={"web.listen_address": ":3333"})
+    assert settings.web.listen_address == ":3333"
+    assert settings.collect_interval == 2.0
+    assert settings.log.level == "debug"
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "flags"),
+    [
+        ("collectors:\n  fan:\n    enabled: false\n", {}, {}),
+        ("", {"GPULOAD_COLLECTORS_FAN_ENABLED": "false"}, {}),
+        ("collectors:\n  fan:\n    enabled: true\n", {}, {"collectors.fan.enabled": False}),
+    ],
+)
+def test_collector_can_be_disabled_from_each_source(
+    tmp_path: Path, text: str, env: dict[str, str], flags: dict[str, object]
+) -> None:
+    settings = load(tmp_path, text, environ=env, flags=flags)
+    assert settings.collectors["fan"] is False
+    assert settings.collectors["utilization"] is True
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("500ms", 0.5), ("1s", 1.0), ("2m", 120.0), (3, 3.0), ("1.5", 1.5)],
+)
+def test_durations_accept_units(tmp_path: Path, value: object, seconds: float) -> None:
+    assert load(tmp_path, flags={"collect_interval": value}).collect_interval == seconds
+
+
+@pytest.mark.parametrize(
+    ("text", "env", "flags", "message"),
+    [
+        ("colect_interval: 1s\n", {}, {}, "config file colect_interval: unknown setting"),
+        ("web:\n  listen_adress: ':1'\n", {}, {}, "config file web.listen_adress: unknown"),
+        ("collect_interval: fast\n", {}, {}, "config file collect_interval: 'fast' is not valid"),
+        ("collect_interval: 0\n", {}, {}, "collect_interval: 0 is not valid: expected a duration"),
+        ("collectors:\n  nvlink:\n    enabled: true\n", {}, {}, "collectors are: experimental"),
+        ("log:\n  format: xml\n", {}, {}, "log.format: 'xml' is not valid: expected one of text"),
+        ("", {"GPULOAD_LISTEN": ":1"}, {}, "environment variable GPULOAD_LISTEN: not a gpuload"),
+        ("", {"GPULOAD_COLLECTORS_FAN_ENABLED": "maybe"}, {}, "expected true or false"),
+        ("", {}, {"web.listen_address": "localhost"}, "flag web.listen_address: 'localhost'"),
+        ("", {}, {"web.listen_address": ":70000"}, "port 0-65535"),
+        ("", {}, {"web.telemetry_path": "metrics"}, "expected a path starting with /"),
+        ("- a\n- b\n", {}, {}, "expected a mapping of settings"),
+        ("web: [\n", {}, {}, "not valid YAML"),
+    ],
+)
+def test_bad_settings_are_rejected_naming_the_key(
+    tmp_path: Path, text: str, env: dict[str, str], flags: dict[str, object], message: str
+) -> None:
+    with pytest.raises(config.ConfigError, match=re.escape(message)):
+        load(tmp_path, text, environ=env, flags=flags)
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(config.ConfigError, match="cannot read it"):
+        config.load(file=tmp_path / "absent.yaml")
+
+
+def test_simulator_variables_are_not_settings(tmp_path: Path) -> None:
+    settings = load(tmp_path, environ={"GPULOAD_SIM_SCENARIO": "training"})
+    assert settings.simulate.scenario is None
+
+
+def test_collect_timeout_defaults_below_the_interval(tmp_path: Path) -> None:
+    settings = load(tmp_path, flags={"collect_interval": "2s"})
+    assert settings.effective_collect_timeout == pytest.approx(1.6)
+    assert load(tmp_path, flags={"collect_timeout": "5s"}).effective_collect_timeout == 5.0
