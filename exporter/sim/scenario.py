@@ -1,0 +1,935 @@
+"""Scenario files for the simulated NVML: schema, strict validation and per-GPU resolution.
+
+A scenario is a YAML document describing one node: its driver, its GPUs (profiles from
+``models.yaml`` with per-GPU overrides), load phases over time and faults. Loading validates every
+key and value and reports problems as :class:`ScenarioError` naming the key path, for example
+``gpus[1].phases[0].utilization: expected a number 0..1 or a pattern mapping``. The result is an
+immutable :class:`Scenario` whose GPUs carry fully resolved value curves in absolute units (bytes,
+watts, degrees C, MHz, bytes per second, utilization fractions).
+
+Format (every key is optional unless marked required)::
+
+    name: training                    # defaults to the file name
+    description: one line shown by `gpuload sim list`
+    seed: 0                           # default seed for noise, UUIDs, serials and PIDs
+    loop: true                        # after the last phase: start again (true) or hold it (false)
+    driver:                           # required
+      version: "550.90.07"            # required
+      cuda_version: 12040             # required
+      nvml_version: "12.550.90.07"    # default "<cuda major>.<version>"
+      lacks: [nvmlDeviceGetTemperatureV]   # C functions this driver does not export
+      uptime: 3d                      # time since driver load at elapsed 0 (energy counter base)
+    gpus:                             # required
+      - model: h100-sxm               # required: a key of models.yaml
+        count: 8                      # entries expand to consecutive GPU indices
+        lacks: [energy]               # features added to the model's list (see FEATURES)
+        overrides: {utilization: 0.5} # metric specs applied on top of every phase
+        phases: [...]                 # replaces the node phases for these GPUs
+        <any models.yaml key>         # e.g. power_limit: 500W
+        uuid / serial / pci_bus_id    # identity overrides (only when count is 1)
+        pcie_replays_per_hour / ecc_corrected_per_hour / ecc_uncorrected_per_hour
+        compute_mode: default | exclusive_process | prohibited
+        persistence_mode: true
+        display_active: false
+    phases:                           # required unless every GPU entry has its own
+      - name: steady
+        duration: 10m                 # seconds or a duration string (ms, s, m, h, d)
+        utilization: 0.9              # a value spec, see below
+        clock_event_reasons: [sw_power_cap]
+        processes: [{name: python train.py, memory: 60GiB, count: 1, type: compute}]
+    faults: [{kind: gpu_lost, gpu: 3, at: 60, until: 120}, ...]
+
+A value spec is a constant or a mapping ``{pattern: sawtooth|square|sine, min, max, period,
+duty (square), noise}``, ``{pattern: ramp, start, end, period, noise}`` or ``{value, noise}``.
+Units per metric are in :data:`METRICS`; metrics left out are derived from utilization (see
+:func:`_derive_defaults`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from exporter.sim.curves import Phase, Process, Timeline, ValueSpec
+
+SCENARIO_DIR = Path(__file__).parent / "scenarios"
+MODELS_FILE = Path(__file__).parent / "models.yaml"
+
+
+class ScenarioError(ValueError):
+    """A scenario or GPU model file is missing, malformed, or has an invalid key or value."""
+
+
+# Metric name -> kind of quantity it accepts; the kind decides units and validation.
+METRICS: dict[str, str] = {
+    "utilization": "fraction",
+    "memory_utilization": "fraction",
+    "memory_used": "memory",
+    "pcie_tx": "rate",
+    "pcie_rx": "rate",
+    "temperature": "celsius",
+    "memory_temperature": "celsius",
+    "power": "power",
+    "sm_clock": "mhz",
+    "graphics_clock": "mhz",
+    "memory_clock": "mhz",
+    "video_clock": "mhz",
+    "encoder_utilization": "fraction",
+    "decoder_utilization": "fraction",
+    "fan": "fraction",
+}
+
+_KIND_HELP = {
+    "fraction": "a number 0..1",
+    "memory": "a number 0..1 (fraction of total memory) or a size like '40GiB'",
+    "power": "a number 0..1.5 (fraction of the power limit) or watts like '350W'",
+    "rate": "a rate like '2.5GB/s' or a number of bytes per second",
+    "celsius": "a number 0..200 (degrees C)",
+    "mhz": "a number 0..20000 (MHz)",
+}
+
+CLOCK_EVENT_REASONS: dict[str, int] = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+
+# Optional GPU features a model or GPU entry may list under `lacks`; the simulator answers
+# NVML_ERROR_NOT_SUPPORTED for the calls (or field values) behind each.
+FEATURES: dict[str, str] = {
+    "memory_temperature": "field NVML_FI_DEV_MEMORY_TEMP and the MEM_MAX threshold",
+    "energy": "nvmlDeviceGetTotalEnergyConsumption and field 83 (pre-Volta)",
+    "encoder": "nvmlDeviceGetEncoderUtilization and encoder samples (no NVENC)",
+    "decoder": "nvmlDeviceGetDecoderUtilization and decoder samples (no NVDEC)",
+    "clock_event_reasons": "current and supported clock event (throttle) reasons",
+    "ecc": "ECC mode and error counters",
+    "pcie_throughput": "nvmlDeviceGetPcieThroughput",
+    "pcie_counters": "fields NVML_FI_DEV_PCIE_COUNT_TX_BYTES / RX_BYTES",
+    "pcie_replay": "nvmlDeviceGetPcieReplayCounter and field 94",
+    "power_fields": "fields NVML_FI_DEV_POWER_AVERAGE / POWER_INSTANT",
+    "samples": "nvmlDeviceGetSamples",
+    "serial": "nvmlDeviceGetSerial",
+    "process_utilization": "nvmlDeviceGetProcessUtilization",
+}
+
+ARCHITECTURES = {
+    "kepler": 2,
+    "maxwell": 3,
+    "pascal": 4,
+    "volta": 5,
+    "turing": 6,
+    "ampere": 7,
+    "ada": 8,
+    "hopper": 9,
+    "blackwell": 10,
+}
+
+BRANDS = {
+    "quadro": 1,
+    "tesla": 2,
+    "geforce": 5,
+    "titan": 6,
+    "quadro_rtx": 12,
+    "nvidia_rtx": 13,
+    "nvidia": 14,
+}
+
+COMPUTE_MODES = {"default": 0, "prohibited": 2, "exclusive_process": 3}
+
+FAULT_KINDS = ("gpu_lost", "not_supported", "error", "sentinel", "driver_not_loaded", "hang")
+
+# Bus numbers of a DGX H100's eight GPUs; further GPUs continue upwards.
+_DEFAULT_BUSES = (0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF)
+
+_SIZE_UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*$")
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)/s\s*$")
+_WATTS_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*W\s*$")
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+_PCI_RE = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+_UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """Static properties of a GPU product, as listed in ``models.yaml``."""
+
+    name: str
+    brand: int
+    architecture: int
+    compute_capability: tuple[int, int]
+    memory_total: int
+    memory_reserved: int
+    bar1_total: int
+    memory_bus_width: int
+    pcie_generation: int
+    pcie_max_generation: int
+    pcie_gpu_max_generation: int
+    pcie_width: int
+    pcie_max_width: int
+    power_limit: float
+    power_default_limit: float
+    power_min_limit: float
+    power_max_limit: float
+    idle_power: float
+    power_reading: str
+    max_sm_clock: int
+    max_graphics_clock: int
+    max_memory_clock: int
+    max_video_clock: int
+    idle_sm_clock: int
+    idle_memory_clock: int
+    temp_idle: float
+    temp_load: float
+    temp_shutdown: int
+    temp_slowdown: int
+    temp_gpu_max: int
+    temp_memory_max: int
+    fans: int
+    mig_capable: bool
+    pci_device_id: int
+    pci_subsystem_id: int
+    vbios: str
+    lacks: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU of a scenario: its model, identity overrides and resolved timeline."""
+
+    index: int
+    model: GpuModel
+    timeline: Timeline
+    pci_bus_id: str
+    uuid: str | None = None
+    serial: str | None = None
+    pcie_replays_per_hour: float = 0.0
+    ecc_corrected_per_hour: float = 0.0
+    ecc_uncorrected_per_hour: float = 0.0
+    compute_mode: int = 0
+    persistence_mode: bool = True
+    display_active: bool = False
+
+    @property
+    def lacks(self) -> frozenset[str]:
+        """Features this GPU does not support."""
+        return self.model.lacks
+
+
+@dataclass(frozen=True)
+class DriverSpec:
+    """The simulated driver: version strings and the C functions it does not export."""
+
+    version: str
+    cuda_version: int
+    nvml_version: str
+    lacks: frozenset[str] = frozenset()
+    uptime: float = 3 * 86400.0
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault window; ``gpu`` None means every GPU (and system calls, for call faults)."""
+
+    kind: str
+    at: float = 0.0
+    until: float = math.inf
+    gpu: int | None = None
+    calls: frozenset[str] = frozenset()
+    error: int = 0
+    seconds: float = 0.0
+
+    def active(self, t: float) -> bool:
+        """Whether the fault applies at elapsed time ``t``."""
+        return self.at <= t < self.until
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A validated, fully resolved scenario."""
+
+    name: str
+    description: str
+    seed: int
+    loop: bool
+    driver: DriverSpec
+    gpus: tuple[GpuSpec, ...]
+    faults: tuple[Fault, ...] = ()
+
+
+# ---------------------------------------------------------------------------------------------
+# Primitive validators: each takes the raw value and its key path and returns the clean value.
+
+
+def _fail(path: str, message: str) -> ScenarioError:
+    return ScenarioError(f"{path}: {message}")
+
+
+def _is_number(value: object) -> bool:
+    # YAML booleans are ints in Python; a `true` where a number belongs is a mistake.
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _mapping(
+    value: object, path: str, allowed: Collection[str], required: Collection[str] = ()
+) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail(path, "expected a mapping")
+    for key in value:
+        if key not in allowed:
+            raise _fail(f"{path}.{key}" if path else str(key), "unknown key")
+    for key in required:
+        if key not in value:
+            raise _fail(f"{path}.{key}" if path else key, "required key is missing")
+    return value
+
+
+def _list(value: object, path: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _fail(path, "expected a list")
+    return value
+
+
+def _number(value: object, path: str, low: float, high: float) -> float:
+    if not _is_number(value) or not low <= float(value) <= high:  # type: ignore[arg-type]
+        raise _fail(path, f"expected a number {low:g}..{high:g}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _integer(value: object, path: str, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise _fail(path, f"expected an integer {low}..{high}")
+    return value
+
+
+def _string(value: object, path: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise _fail(path, "expected a non-empty string")
+    return value
+
+
+def _boolean(value: object, path: str) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(path, "expected true or false")
+    return value
+
+
+def _choice(value: object, path: str, choices: Mapping[str, int] | Collection[str]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise _fail(path, f"expected one of {', '.join(sorted(choices))}")
+    return value
+
+
+def _duration(value: object, path: str) -> float:
+    if _is_number(value) and float(value) >= 0:  # type: ignore[arg-type]
+        return float(value)  # type: ignore[arg-type]
+    match = _DURATION_RE.match(value) if isinstance(value, str) else None
+    if not match:
+        raise _fail(path, "expected seconds or a duration like '90s', '5m', '2h'")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+
+def _size(value: object, path: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    match = _SIZE_RE.match(value) if isinstance(value, str) else None
+    if not match:
+        raise _fail(path, "expected a size like '80GiB' or a number of bytes")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
+
+
+def _watts(value: object, path: str) -> float:
+    if _is_number(value) and float(value) >= 0:  # type: ignore[arg-type]
+        return float(value)  # type: ignore[arg-type]
+    match = _WATTS_RE.match(value) if isinstance(value, str) else None
+    if not match:
+        raise _fail(path, "expected watts like '700W'")
+    return float(match.group(1))
+
+
+def _features(value: object, path: str) -> frozenset[str]:
+    names = _list(value, path)
+    for i, name in enumerate(names):
+        _choice(name, f"{path}[{i}]", FEATURES)
+    return frozenset(names)
+
+
+def _function_names(value: object, path: str) -> frozenset[str]:
+    # Imported here: the library module imports this one.
+    from exporter.sim.library import FUNCTION_NAMES
+
+    names = _list(value, path)
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or name not in FUNCTION_NAMES:
+            raise _fail(f"{path}[{i}]", "expected the name of a simulated NVML C function")
+    return frozenset(names)
+
+
+# ---------------------------------------------------------------------------------------------
+# Value specs
+
+
+def _scalar(value: object, kind: str) -> tuple[float, str] | None:
+    """Parse one quantity of ``kind``; return (value, unit) or None when it does not fit."""
+    if isinstance(value, str):
+        regex = {"memory": _SIZE_RE, "rate": _RATE_RE, "power": _WATTS_RE}.get(kind)
+        match = regex.match(value) if regex else None
+        if not match:
+            return None
+        factor = 1 if kind == "power" else _SIZE_UNITS[match.group(2)]
+        return float(match.group(1)) * factor, ""
+    if not _is_number(value):
+        return None
+    number = float(value)  # type: ignore[arg-type]
+    limits = {"fraction": 1, "memory": 1, "power": 1.5, "rate": math.inf, "celsius": 200}
+    if not 0 <= number <= limits.get(kind, 20000):
+        return None
+    return number, "fraction" if kind in ("memory", "power") else ""
+
+
+def _quantity(value: object, path: str, kind: str) -> tuple[float, str]:
+    parsed = _scalar(value, kind)
+    if parsed is None:
+        raise _fail(path, f"expected {_KIND_HELP[kind]}")
+    return parsed
+
+
+_PATTERN_KEYS = {
+    "constant": ({"pattern", "value", "noise"}, {"value"}),
+    "sawtooth": ({"pattern", "min", "max", "period", "noise"}, {"min", "max", "period"}),
+    "square": ({"pattern", "min", "max", "period", "duty", "noise"}, {"min", "max", "period"}),
+    "sine": ({"pattern", "min", "max", "period", "noise"}, {"min", "max", "period"}),
+    "ramp": ({"pattern", "start", "end", "period", "noise"}, {"start", "end", "period"}),
+}
+
+
+def _value_spec(value: object, path: str, kind: str) -> ValueSpec:
+    """Parse a metric's value spec: a constant quantity or a pattern mapping."""
+    if not isinstance(value, dict):
+        parsed = _scalar(value, kind)
+        if parsed is None:
+            raise _fail(path, f"expected {_KIND_HELP[kind]} or a pattern mapping")
+        return ValueSpec.constant(parsed[0], unit=parsed[1])
+    pattern = value.get("pattern", "constant")
+    _choice(pattern, f"{path}.pattern", _PATTERN_KEYS)
+    allowed, required = _PATTERN_KEYS[pattern]
+    _mapping(value, path, allowed, required)
+    low_key, high_key = {"constant": ("value", "value"), "ramp": ("start", "end")}.get(
+        pattern, ("min", "max")
+    )
+    low, unit = _quantity(value[low_key], f"{path}.{low_key}", kind)
+    high, high_unit = _quantity(value[high_key], f"{path}.{high_key}", kind)
+    noise, noise_unit = _quantity(value.get("noise", 0), f"{path}.noise", kind)
+    if high_unit != unit:
+        raise _fail(f"{path}.{high_key}", f"must use the same unit as {low_key}")
+    if noise and noise_unit != unit:
+        raise _fail(f"{path}.noise", f"must use the same unit as {low_key}")
+    period = 1.0
+    if "period" in value:
+        period = _duration(value["period"], f"{path}.period")
+        if period <= 0:
+            raise _fail(f"{path}.period", "must be greater than zero")
+    duty = _number(value.get("duty", 0.5), f"{path}.duty", 0, 1)
+    return ValueSpec(pattern, low, high, period=period, duty=duty, noise=noise, unit=unit)
+
+
+_PROCESS_TYPES = ("compute", "graphics")
+
+
+def _processes(value: object, path: str) -> tuple[Process, ...]:
+    processes = []
+    for i, entry in enumerate(_list(value, path)):
+        where = f"{path}[{i}]"
+        _mapping(entry, where, {"name", "memory", "count", "type", "pid"}, {"name", "memory"})
+        memory, unit = _quantity(entry["memory"], f"{where}.memory", "memory")
+        pid = entry.get("pid")
+        processes.append(
+            Process(
+                name=_string(entry["name"], f"{where}.name"),
+                memory=memory,
+                memory_unit=unit,
+                count=_integer(entry.get("count", 1), f"{where}.count", 1, 64),
+                kind=_choice(entry.get("type", "compute"), f"{where}.type", _PROCESS_TYPES),
+                pid=None if pid is None else _integer(pid, f"{where}.pid", 1, 4_000_000),
+            )
+        )
+    return tuple(processes)
+
+
+def _reasons(value: object, path: str) -> int:
+    mask = 0
+    for i, name in enumerate(_list(value, path)):
+        mask |= CLOCK_EVENT_REASONS[_choice(name, f"{path}[{i}]", CLOCK_EVENT_REASONS)]
+    return mask
+
+
+def _phase_body(entry: dict[str, Any], path: str) -> dict[str, Any]:
+    """Parse the metric, reason and process keys shared by phases and per-GPU overrides."""
+    body: dict[str, Any] = {}
+    for key, raw in entry.items():
+        if key in METRICS:
+            body[key] = _value_spec(raw, f"{path}.{key}", METRICS[key])
+        elif key == "clock_event_reasons":
+            body[key] = _reasons(raw, f"{path}.{key}")
+        elif key == "processes":
+            body[key] = _processes(raw, f"{path}.{key}")
+    return body
+
+
+_PHASE_BODY_KEYS = {*METRICS, "clock_event_reasons", "processes"}
+
+
+def _phases(value: object, path: str) -> tuple[Phase, ...]:
+    entries = _list(value, path)
+    if not entries:
+        raise _fail(path, "expected at least one phase")
+    phases = []
+    for i, entry in enumerate(entries):
+        where = f"{path}[{i}]"
+        _mapping(entry, where, {"name", "duration", *_PHASE_BODY_KEYS}, {"duration"})
+        duration = _duration(entry["duration"], f"{where}.duration")
+        if duration <= 0:
+            raise _fail(f"{where}.duration", "must be greater than zero")
+        body = _phase_body(entry, where)
+        phases.append(
+            Phase(
+                name=_string(entry.get("name", f"phase{i}"), f"{where}.name"),
+                duration=duration,
+                specs={k: v for k, v in body.items() if k in METRICS},
+                clock_event_reasons=body.get("clock_event_reasons"),
+                processes=body.get("processes", ()),
+            )
+        )
+    return tuple(phases)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU models
+
+
+_MODEL_FIELDS: dict[str, Callable[[object, str], Any]] = {
+    "name": _string,
+    "brand": lambda v, p: BRANDS[_choice(v, p, BRANDS)],
+    "architecture": lambda v, p: ARCHITECTURES[_choice(v, p, ARCHITECTURES)],
+    "compute_capability": lambda v, p: _compute_capability(v, p),
+    "memory_total": _size,
+    "memory_reserved": _size,
+    "bar1_total": _size,
+    "memory_bus_width": lambda v, p: _integer(v, p, 1, 16384),
+    "pcie_generation": lambda v, p: _integer(v, p, 1, 7),
+    "pcie_max_generation": lambda v, p: _integer(v, p, 1, 7),
+    "pcie_gpu_max_generation": lambda v, p: _integer(v, p, 1, 7),
+    "pcie_width": lambda v, p: _integer(v, p, 1, 32),
+    "pcie_max_width": lambda v, p: _integer(v, p, 1, 32),
+    "power_limit": _watts,
+    "power_default_limit": _watts,
+    "power_min_limit": _watts,
+    "power_max_limit": _watts,
+    "idle_power": _watts,
+    "power_reading": lambda v, p: _choice(v, p, ("average", "instant")),
+    "max_sm_clock": lambda v, p: _integer(v, p, 1, 20000),
+    "max_graphics_clock": lambda v, p: _integer(v, p, 1, 20000),
+    "max_memory_clock": lambda v, p: _integer(v, p, 1, 20000),
+    "max_video_clock": lambda v, p: _integer(v, p, 1, 20000),
+    "idle_sm_clock": lambda v, p: _integer(v, p, 1, 20000),
+    "idle_memory_clock": lambda v, p: _integer(v, p, 1, 20000),
+    "temp_idle": lambda v, p: _number(v, p, 0, 150),
+    "temp_load": lambda v, p: _number(v, p, 0, 150),
+    "temp_shutdown": lambda v, p: _integer(v, p, 0, 150),
+    "temp_slowdown": lambda v, p: _integer(v, p, 0, 150),
+    "temp_gpu_max": lambda v, p: _integer(v, p, 0, 150),
+    "temp_memory_max": lambda v, p: _integer(v, p, 0, 150),
+    "fans": lambda v, p: _integer(v, p, 0, 8),
+    "mig_capable": _boolean,
+    "pci_device_id": lambda v, p: _integer(v, p, 0, 0xFFFFFFFF),
+    "pci_subsystem_id": lambda v, p: _integer(v, p, 0, 0xFFFFFFFF),
+    "vbios": _string,
+    "lacks": _features,
+}
+
+
+def _compute_capability(value: object, path: str) -> tuple[int, int]:
+    text = str(value) if _is_number(value) or isinstance(value, str) else ""
+    match = re.match(r"^(\d+)\.(\d+)$", text)
+    if not match:
+        raise _fail(path, "expected a version like '9.0'")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _model_fields(entry: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """Validate the model keys present in ``entry`` (a model or a GPU entry's overrides)."""
+    return {
+        key: parse(entry[key], f"{path}.{key}")
+        for key, parse in _MODEL_FIELDS.items()
+        if key in entry
+    }
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_models() -> dict[str, GpuModel]:
+    """Return the GPU profiles shipped in ``models.yaml``, keyed by profile name."""
+    document = _read_yaml(MODELS_FILE)
+    models = _mapping(document, "models", document.keys() if isinstance(document, dict) else ())
+    required = [key for key in _MODEL_FIELDS if key != "lacks"]
+    return {
+        key: GpuModel(**_model_fields(_mapping(entry, key, _MODEL_FIELDS, required), key))
+        for key, entry in models.items()
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolution: node phases + GPU model -> per-GPU phases with every metric in absolute units.
+
+
+def _derive_defaults(specs: dict[str, ValueSpec], phase: Phase, model: GpuModel) -> None:
+    """Fill in metrics a phase leaves out, derived from its utilization and the model.
+
+    Power, temperature, memory-controller load, PCIe traffic and fan speed follow utilization
+    linearly; clocks are the model's idle clocks in phases whose utilization is a constant 0 and
+    its maximum clocks otherwise; memory used is the sum of the phase's process memory.
+    """
+    util = specs.setdefault("utilization", ValueSpec.constant(0.0))
+    idle = util.pattern == "constant" and util.high == 0
+    busy_power = model.power_limit * 0.9 - model.idle_power
+    defaults = {
+        "memory_utilization": lambda: util.scaled(0.45),
+        "memory_used": lambda: ValueSpec.constant(sum(p.memory * p.count for p in phase.processes)),
+        "pcie_tx": lambda: util.scaled(0.5e9),
+        "pcie_rx": lambda: util.scaled(1.5e9),
+        "temperature": lambda: util.scaled(model.temp_load - model.temp_idle, model.temp_idle),
+        "power": lambda: util.scaled(busy_power, model.idle_power),
+        "sm_clock": lambda: ValueSpec.constant(model.idle_sm_clock if idle else model.max_sm_clock),
+        "memory_clock": lambda: ValueSpec.constant(
+            model.idle_memory_clock if idle else model.max_memory_clock
+        ),
+        "encoder_utilization": lambda: ValueSpec.constant(0.0),
+        "decoder_utilization": lambda: ValueSpec.constant(0.0),
+        "fan": lambda: util.scaled(0.5, 0.3),
+    }
+    for metric, make in defaults.items():
+        if metric not in specs:
+            specs[metric] = make()
+    # These follow other metrics, so they are filled after them.
+    specs.setdefault("graphics_clock", specs["sm_clock"])
+    specs.setdefault(
+        "video_clock", specs["sm_clock"].scaled(model.max_video_clock / model.max_sm_clock)
+    )
+    specs.setdefault("memory_temperature", specs["temperature"].scaled(1.0, 6.0))
+
+
+def _resolve_phase(phase: Phase, overrides: Mapping[str, Any], model: GpuModel) -> Phase:
+    """Apply per-GPU overrides, convert relative units and derive the missing metrics."""
+    processes = tuple(
+        replace(p, memory=p.memory * model.memory_total, memory_unit="")
+        if p.memory_unit == "fraction"
+        else p
+        for p in overrides.get("processes", phase.processes)
+    )
+    phase = replace(
+        phase,
+        processes=processes,
+        clock_event_reasons=overrides.get("clock_event_reasons", phase.clock_event_reasons),
+    )
+    specs = dict(phase.specs)
+    specs.update({k: v for k, v in overrides.items() if k in METRICS})
+    scales = {"memory_used": float(model.memory_total), "power": model.power_limit}
+    for metric, scale in scales.items():
+        if metric in specs and specs[metric].unit == "fraction":
+            specs[metric] = specs[metric].scaled(scale)
+    _derive_defaults(specs, phase, model)
+    return replace(phase, specs=specs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scenario document
+
+
+_GPU_KEYS = {
+    "model",
+    "count",
+    "lacks",
+    "overrides",
+    "phases",
+    "uuid",
+    "serial",
+    "pci_bus_id",
+    "pcie_replays_per_hour",
+    "ecc_corrected_per_hour",
+    "ecc_uncorrected_per_hour",
+    "compute_mode",
+    "persistence_mode",
+    "display_active",
+    *_MODEL_FIELDS,
+}
+
+
+def _pci_bus_id(value: object, path: str) -> str:
+    match = _PCI_RE.match(value) if isinstance(value, str) else None
+    if not match:
+        raise _fail(path, "expected a PCI bus id like '00000000:18:00.0'")
+    domain, bus, device, function = (int(group, 16) for group in match.groups())
+    return f"{domain:08X}:{bus:02X}:{device:02X}.{function}"
+
+
+def _gpu_entries(
+    value: object, node_phases: tuple[Phase, ...] | None, loop: bool
+) -> tuple[GpuSpec, ...]:
+    models = gpu_models()
+    gpus: list[GpuSpec] = []
+    entries = _list(value, "gpus")
+    if not entries:
+        raise _fail("gpus", "expected at least one GPU")
+    for i, entry in enumerate(entries):
+        where = f"gpus[{i}]"
+        _mapping(entry, where, _GPU_KEYS, {"model"})
+        model = models[_choice(entry["model"], f"{where}.model", models)]
+        fields = _model_fields(entry, where)
+        fields["lacks"] = model.lacks | fields.get("lacks", frozenset())
+        model = replace(model, **fields)
+        count = _integer(entry.get("count", 1), f"{where}.count", 1, 64)
+        for key in ("uuid", "serial", "pci_bus_id"):
+            if key in entry and count != 1:
+                raise _fail(f"{where}.{key}", "only allowed on an entry with count 1")
+        phases = _phases(entry["phases"], f"{where}.phases") if "phases" in entry else node_phases
+        if phases is None:
+            raise _fail(f"{where}.phases", "required when the scenario has no node phases")
+        overrides = {}
+        if "overrides" in entry:
+            raw = _mapping(entry["overrides"], f"{where}.overrides", _PHASE_BODY_KEYS)
+            overrides = _phase_body(raw, f"{where}.overrides")
+        timeline = Timeline([_resolve_phase(p, overrides, model) for p in phases], loop)
+        identity = _identity(entry, where)
+        for _ in range(count):
+            index = len(gpus)
+            bus = _DEFAULT_BUSES[index] if index < len(_DEFAULT_BUSES) else 0xE0 + index
+            gpus.append(
+                GpuSpec(
+                    index=index,
+                    model=model,
+                    timeline=timeline,
+                    pci_bus_id=identity.pop("pci_bus_id", f"00000000:{bus:02X}:00.0"),
+                    **identity,
+                )
+            )
+    _check_distinct(gpus)
+    return tuple(gpus)
+
+
+def _identity(entry: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Parse a GPU entry's identity and behaviour keys into GpuSpec keyword arguments."""
+    fields: dict[str, Any] = {}
+    if "uuid" in entry:
+        uuid = _string(entry["uuid"], f"{where}.uuid")
+        if not _UUID_RE.match(uuid):
+            raise _fail(f"{where}.uuid", "expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (hex)")
+        fields["uuid"] = uuid
+    if "serial" in entry:
+        fields["serial"] = _string(str(entry["serial"]), f"{where}.serial")
+    if "pci_bus_id" in entry:
+        fields["pci_bus_id"] = _pci_bus_id(entry["pci_bus_id"], f"{where}.pci_bus_id")
+    for key in ("pcie_replays_per_hour", "ecc_corrected_per_hour", "ecc_uncorrected_per_hour"):
+        if key in entry:
+            fields[key] = _number(entry[key], f"{where}.{key}", 0, 1e9)
+    if "compute_mode" in entry:
+        mode = _choice(entry["compute_mode"], f"{where}.compute_mode", COMPUTE_MODES)
+        fields["compute_mode"] = COMPUTE_MODES[mode]
+    for key in ("persistence_mode", "display_active"):
+        if key in entry:
+            fields[key] = _boolean(entry[key], f"{where}.{key}")
+    return fields
+
+
+def _check_distinct(gpus: list[GpuSpec]) -> None:
+    seen: dict[str, int] = {}
+    for gpu in gpus:
+        if gpu.pci_bus_id in seen:
+            first = seen[gpu.pci_bus_id]
+            raise _fail("gpus", f"GPUs {first} and {gpu.index} share PCI bus id {gpu.pci_bus_id}")
+        seen[gpu.pci_bus_id] = gpu.index
+
+
+def _driver(value: object) -> DriverSpec:
+    entry = _mapping(
+        value,
+        "driver",
+        {"version", "cuda_version", "nvml_version", "lacks", "uptime"},
+        {"version", "cuda_version"},
+    )
+    version = _string(entry["version"], "driver.version")
+    cuda = _integer(entry["cuda_version"], "driver.cuda_version", 1000, 99999)
+    return DriverSpec(
+        version=version,
+        cuda_version=cuda,
+        nvml_version=_string(
+            entry.get("nvml_version", f"{cuda // 1000}.{version}"), "driver.nvml_version"
+        ),
+        lacks=_function_names(entry.get("lacks", []), "driver.lacks"),
+        uptime=_duration(entry.get("uptime", "3d"), "driver.uptime"),
+    )
+
+
+_FAULT_KEYS: dict[str, tuple[set[str], set[str]]] = {
+    "gpu_lost": ({"gpu"}, {"gpu"}),
+    "not_supported": ({"gpu", "calls"}, {"calls"}),
+    "error": ({"gpu", "call", "error"}, {"call", "error"}),
+    "sentinel": ({"gpu", "call"}, {"call"}),
+    "driver_not_loaded": (set(), set()),
+    "hang": ({"gpu", "call", "seconds"}, {"call", "seconds"}),
+}
+
+
+def _error_code(value: object, path: str) -> int:
+    import pynvml
+
+    name = value.upper() if isinstance(value, str) else ""
+    name = name.removeprefix("NVML_ERROR_")
+    code = getattr(pynvml, f"NVML_ERROR_{name}", None) if name else None
+    if not isinstance(code, int):
+        raise _fail(path, "expected an NVML error name such as UNKNOWN, TIMEOUT, GPU_IS_LOST")
+    return code
+
+
+def _faults(value: object, gpu_count: int) -> tuple[Fault, ...]:
+    faults = []
+    for i, entry in enumerate(_list(value, "faults")):
+        where = f"faults[{i}]"
+        if not isinstance(entry, dict):
+            raise _fail(where, "expected a mapping")
+        kind = _choice(entry.get("kind"), f"{where}.kind", FAULT_KINDS)
+        allowed, required = _FAULT_KEYS[kind]
+        _mapping(entry, where, {"kind", "at", "until", *allowed}, required)
+        fault = Fault(
+            kind=kind,
+            at=_duration(entry.get("at", 0), f"{where}.at"),
+            until=_duration(entry["until"], f"{where}.until") if "until" in entry else math.inf,
+            gpu=_integer(entry["gpu"], f"{where}.gpu", 0, gpu_count - 1)
+            if "gpu" in entry
+            else None,
+            calls=_function_names(
+                entry.get("calls", [entry["call"]] if "call" in entry else []), f"{where}.call"
+            ),
+            error=_error_code(entry["error"], f"{where}.error") if "error" in entry else 0,
+            seconds=_number(entry["seconds"], f"{where}.seconds", 0, 3600)
+            if "seconds" in entry
+            else 0.0,
+        )
+        if fault.until <= fault.at:
+            raise _fail(f"{where}.until", "must be later than 'at'")
+        faults.append(fault)
+    return tuple(faults)
+
+
+_TOP_KEYS = {"name", "description", "seed", "loop", "driver", "gpus", "phases", "faults"}
+
+
+def parse_scenario(document: object, default_name: str = "scenario") -> Scenario:
+    """Validate a parsed YAML document and return the resolved :class:`Scenario`."""
+    entry = _mapping(document, "", _TOP_KEYS, {"driver", "gpus"})
+    loop = _boolean(entry.get("loop", True), "loop")
+    phases = _phases(entry["phases"], "phases") if "phases" in entry else None
+    gpus = _gpu_entries(entry["gpus"], phases, loop)
+    return Scenario(
+        name=_string(entry.get("name", default_name), "name"),
+        description=_string(entry.get("description", default_name), "description"),
+        seed=_integer(entry.get("seed", 0), "seed", 0, 2**63 - 1),
+        loop=loop,
+        driver=_driver(entry["driver"]),
+        gpus=gpus,
+        faults=_faults(entry.get("faults", []), len(gpus)),
+    )
+
+
+def _read_yaml(path: Path) -> object:
+    try:
+        with path.open(encoding="utf-8") as stream:
+            return yaml.safe_load(stream)
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{path}: invalid YAML: {exc}") from exc
+
+
+def scenario_names() -> list[str]:
+    """Return the names of the scenarios shipped with gpuload, sorted."""
+    return sorted(path.stem for path in SCENARIO_DIR.glob("*.yaml"))
+
+
+def scenario_path(name_or_path: str | os.PathLike[str]) -> Path:
+    """Return the file behind a shipped scenario name or a path to a scenario file."""
+    text = os.fspath(name_or_path)
+    path = Path(text)
+    is_path = path.suffix in (".yaml", ".yml") or os.sep in text or "/" in text
+    if is_path or path.exists():
+        return path
+    if text not in scenario_names():
+        raise ScenarioError(
+            f"unknown scenario {text!r}: expected a file or one of {', '.join(scenario_names())}"
+        )
+    return SCENARIO_DIR / f"{text}.yaml"
+
+
+def load_scenario(name_or_path: str | os.PathLike[str]) -> Scenario:
+    """Load and validate a scenario by shipped name (e.g. ``training``) or file path.
+
+    Raises:
+        ScenarioError: the file cannot be read or any key or value is invalid; the message names
+            the key path.
+    """
+    path = scenario_path(name_or_path)
+    try:
+        return parse_scenario(_read_yaml(path), default_name=path.stem)
+    except ScenarioError as exc:
+        if path.parent == SCENARIO_DIR:
+            raise ScenarioError(f"scenario {path.stem}: {exc}") from exc
+        raise
+
+
+def _short_name(name: str) -> str:
+    for prefix in ("NVIDIA ", "Tesla "):
+        name = name.removeprefix(prefix)
+    return name
+
+
+def describe_scenarios() -> str:
+    """Return a table of the shipped scenarios: name, GPU count, models and description."""
+    rows = [("NAME", "GPUS", "MODELS", "DESCRIPTION")]
+    for name in scenario_names():
+        scenario = load_scenario(name)
+        counts: dict[str, int] = {}
+        for gpu in scenario.gpus:
+            counts[gpu.model.name] = counts.get(gpu.model.name, 0) + 1
+        models = ", ".join(f"{n}x {_short_name(model)}" for model, n in counts.items())
+        rows.append((name, str(len(scenario.gpus)), models, scenario.description))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True))
+        + "  "
+        + row[3]
+        for row in rows
+    ]
+    return "\n".join(lines)
