@@ -94,7 +94,7 @@ def _sim_parser(subparsers: Any) -> None:
         dest="pinned_time",
         help="pin the scenario clock at this many seconds after its epoch",
     )
-    run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    run.add_argument("program", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,7 +147,7 @@ def _sim(args: argparse.Namespace) -> int:
     if args.sim_command == "list":
         print(sim.describe_scenarios())
         return 0
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not command:
         print("gpuload sim exec: give the program to run after --", file=sys.stderr)
         return 2

@@ -113,3 +113,13 @@ def wait_until(condition: Callable[[], object], *, timeout: float = 15, what: st
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what or condition}")
+
+
+class Clock:
+    """A scenario clock the test moves by hand."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now

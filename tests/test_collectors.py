@@ -1,0 +1,403 @@
+"""Collectors against the simulated NVML: exact values, absent features, faults, isolation."""
+
+from __future__ import annotations
+
+import logging
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pynvml
+import pytest
+from helpers import Clock, parse_metrics, series, value_of
+from prometheus_client import generate_latest
+
+from exporter import sim
+from exporter.collection import Collection, Snapshot
+from exporter.collectors import REGISTRY
+from exporter.collectors.base import Family, Sample, register
+from exporter.server.http import build_registry
+
+ALL_ON = {name: True for name in REGISTRY}
+
+# One H100 SXM and one RTX A6000 with constant load: every expected value below follows
+# from this file and the documented unit conversions.
+CONSTANT = """
+name: constant
+driver: {version: "550.90.07", cuda_version: 12040}
+loop: false
+gpus:
+  - model: h100-sxm
+  - model: rtx-a6000
+phases:
+  - duration: 1h
+    utilization: 0.42
+    memory_utilization: 0.17
+    memory_used: 10GiB
+    temperature: 61
+    memory_temperature: 70
+    power: 250W
+    sm_clock: 1755
+    graphics_clock: 1755
+    memory_clock: 2619
+    encoder_utilization: 0.05
+    decoder_utilization: 0.03
+    fan: 0.4
+    clock_event_reasons: [sw_power_cap, sw_thermal_slowdown]
+"""
+
+
+def write_scenario(tmp_path: Path, text: str, faults: str = "") -> Path:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(textwrap.dedent(text) + textwrap.dedent(faults))
+    return path
+
+
+@pytest.fixture
+def collect() -> Iterator[Callable[..., dict]]:
+    """Install a scenario, run collection cycles, return the scraped samples."""
+    collections: list[Collection] = []
+
+    def run(
+        scenario: str | Path,
+        *,
+        at: float = 30.0,
+        cycles: int = 1,
+        enabled: dict[str, bool] | None = None,
+    ) -> dict:
+        if not collections:
+            sim.install(scenario, pinned_time=at)
+            collections.append(Collection(enabled or ALL_ON, timeout=5))
+        collection = collections[0]
+        snapshot: Snapshot | None = None
+        for _ in range(cycles):
+            snapshot = collection.run_cycle()
+        assert snapshot is not None
+        return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+
+    yield run
+    for collection in collections:
+        collection.close()
+    sim.uninstall()
+
+
+def gpu_labels(samples: dict, gpu: str) -> dict[str, str]:
+    (uuid,) = [
+        dict(labels)["uuid"] for labels in series(samples, "gpu_up") if dict(labels)["gpu"] == gpu
+    ]
+    return {"gpu": gpu, "uuid": uuid}
+
+
+@pytest.mark.parametrize(
+    ("family", "labels", "expected"),
+    [
+        ("gpu_utilization_ratio", {}, 0.42),
+        ("gpu_memory_utilization_ratio", {}, 0.17),
+        ("gpu_memory_used_bytes", {}, 10 * 2**30),
+        ("gpu_temperature_celsius", {"sensor": "gpu"}, 61.0),
+        ("gpu_temperature_celsius", {"sensor": "memory"}, 70.0),
+        ("gpu_power_usage_watts", {}, 250.0),
+        ("gpu_power_limit_watts", {}, 700.0),
+        ("gpu_clock_hertz", {"clock": "sm"}, 1755e6),
+        ("gpu_clock_hertz", {"clock": "memory"}, 2619e6),
+        ("gpu_clock_event_active", {"reason": "sw_power_cap"}, 1.0),
+        ("gpu_clock_event_active", {"reason": "sw_thermal"}, 1.0),
+        ("gpu_clock_event_active", {"reason": "hw_thermal"}, 0.0),
+        ("gpu_clock_event_active", {"reason": "gpu_idle"}, 0.0),
+        ("gpu_decoder_utilization_ratio", {}, 0.03),
+        ("gpu_pcie_link_max_generation", {}, 5.0),
+        ("gpu_pcie_link_max_width", {}, 16.0),
+        ("gpu_up", {}, 1.0),
+    ],
+)
+def test_values_follow_the_scenario_in_base_units(
+    collect, tmp_path: Path, family: str, labels: dict[str, str], expected: float
+) -> None:
+    samples = collect(write_scenario(tmp_path, CONSTANT))
+    value = value_of(samples, family, **gpu_labels(samples, "0"), **labels)
+    assert value == pytest.approx(expected, rel=1e-6)
+
+
+NVML_READINGS = [
+    ("gpu_memory_total_bytes", {}, lambda h: pynvml.nvmlDeviceGetMemoryInfo(h).total),
+    (
+        "gpu_memory_free_bytes",
+        {},
+        lambda h: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).free,
+    ),
+    (
+        "gpu_memory_reserved_bytes",
+        {},
+        lambda h: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).reserved,
+    ),
+    ("gpu_bar1_memory_total_bytes", {}, lambda h: pynvml.nvmlDeviceGetBAR1MemoryInfo(h).bar1Total),
+    ("gpu_bar1_memory_used_bytes", {}, lambda h: pynvml.nvmlDeviceGetBAR1MemoryInfo(h).bar1Used),
+    ("gpu_pcie_link_generation", {}, pynvml.nvmlDeviceGetCurrPcieLinkGeneration),
+    ("gpu_pcie_link_width", {}, pynvml.nvmlDeviceGetCurrPcieLinkWidth),
+    ("gpu_pcie_replay_errors_total", {}, pynvml.nvmlDeviceGetPcieReplayCounter),
+    (
+        "gpu_energy_consumption_joules_total",
+        {},
+        lambda h: pynvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000,
+    ),
+    (
+        "gpu_temperature_slowdown_threshold_celsius",
+        {},
+        lambda h: pynvml.nvmlDeviceGetTemperatureThreshold(
+            h, pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+        ),
+    ),
+    (
+        "gpu_temperature_shutdown_threshold_celsius",
+        {},
+        lambda h: pynvml.nvmlDeviceGetTemperatureThreshold(
+            h, pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
+        ),
+    ),
+    (
+        "gpu_clock_max_hertz",
+        {"clock": "sm"},
+        lambda h: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM) * 1e6,
+    ),
+    (
+        "gpu_clock_hertz",
+        {"clock": "graphics"},
+        lambda h: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_GRAPHICS) * 1e6,
+    ),
+    ("gpu_fan_speed_ratio", {}, lambda h: pynvml.nvmlDeviceGetFanSpeed(h) / 100),
+]
+
+
+@pytest.mark.parametrize(("family", "labels", "read"), NVML_READINGS)
+def test_values_match_what_pynvml_reads_on_every_gpu(
+    collect, family: str, labels: dict[str, str], read: Callable
+) -> None:
+    # The scenario clock is pinned, so pynvml read afterwards sees the same GPU state.
+    samples = collect("mixed", at=1234.0)
+    checked = 0
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        expected_labels = {**gpu_labels(samples, str(index)), **labels}
+        try:
+            expected = float(read(handle))
+        except pynvml.NVMLError_NotSupported:
+            assert value_of(samples, family, **expected_labels) is None
+            continue
+        assert value_of(samples, family, **expected_labels) == pytest.approx(expected)
+        checked += 1
+    assert checked >= 1
+
+
+def test_unsupported_features_are_absent_not_zero_and_not_errors(collect, tmp_path: Path) -> None:
+    samples = collect(write_scenario(tmp_path, CONSTANT))
+    h100, a6000 = gpu_labels(samples, "0"), gpu_labels(samples, "1")
+    # An SXM board has no fan; the A6000's GDDR6 has no memory temperature sensor.
+    assert value_of(samples, "gpu_fan_speed_ratio", **h100) is None
+    assert value_of(samples, "gpu_temperature_celsius", **a6000, sensor="memory") is None
+    assert value_of(samples, "gpu_temperature_celsius", **a6000, sensor="gpu") == 61
+    assert value_of(samples, "gpu_fan_speed_ratio", **a6000) == pytest.approx(0.4)
+    # GH100 has no video encoder; the A6000 has one.
+    assert value_of(samples, "gpu_encoder_utilization_ratio", **h100) is None
+    assert value_of(samples, "gpu_encoder_utilization_ratio", **a6000) == pytest.approx(0.05)
+    assert all(value == 1 for value in series(samples, "gpuload_collector_success").values())
+    assert series(samples, "gpuload_nvml_errors_total") == {}
+
+
+def test_gpu_info_and_driver_info_describe_the_node(collect, tmp_path: Path) -> None:
+    samples = collect(write_scenario(tmp_path, CONSTANT))
+    infos = [dict(labels) for labels in series(samples, "gpu_info")]
+    assert [(info["gpu"], info["name"]) for info in sorted(infos, key=lambda i: i["gpu"])] == [
+        ("0", "NVIDIA H100 80GB HBM3"),
+        ("1", "NVIDIA RTX A6000"),
+    ]
+    assert all(info["uuid"].startswith("GPU-") and info["pci_bus_id"] for info in infos)
+    driver = series(samples, "gpuload_driver_info")
+    assert list(driver) == [
+        (
+            ("cuda_driver_version", "12.4"),
+            ("driver_version", "550.90.07"),
+            ("nvml_version", "12.550.90.07"),
+        ),
+    ]
+
+
+def test_lost_gpu_keeps_other_gpus_reporting_and_comes_back(collect, tmp_path: Path) -> None:
+    scenario = write_scenario(
+        tmp_path,
+        CONSTANT,
+        """
+        faults:
+          - {kind: gpu_lost, gpu: 1, at: 10, until: 20}
+        """,
+    )
+    clock = Clock(5)
+    sim.install(scenario, clock=clock, epoch=0)
+    collection = Collection(ALL_ON, timeout=5)
+    try:
+        before = _scrape(collection.run_cycle())
+        a6000 = gpu_labels(before, "1")
+        assert value_of(before, "gpu_up", **a6000) == 1
+
+        clock.now = 15  # inside the fault window
+        during = _scrape(collection.run_cycle())
+        assert value_of(during, "gpu_up", **a6000) == 0
+        assert value_of(during, "gpu_utilization_ratio", **a6000) is None
+        assert value_of(during, "gpu_utilization_ratio", **gpu_labels(during, "0")) == 0.42
+        # The lost GPU keeps its identity labels.
+        assert any(dict(labels)["uuid"] == a6000["uuid"] for labels in series(during, "gpu_info"))
+        # Losing a GPU is gpu_up's news, not a collector failure.
+        assert all(v == 1 for v in series(during, "gpuload_collector_success").values())
+
+        clock.now = 25
+        after = _wait_for(collection, lambda s: value_of(s, "gpu_up", **a6000) == 1)
+        assert value_of(after, "gpu_utilization_ratio", **a6000) == 0.42
+    finally:
+        collection.close()
+        sim.uninstall()
+
+
+def _scrape(snapshot: Snapshot) -> dict:
+    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+
+
+def _wait_for(collection: Collection, condition: Callable[[dict], bool]) -> dict:
+    # Re-acquiring a lost GPU backs off from 1 s; allow a few cycles.
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        samples = _scrape(collection.run_cycle())
+        if condition(samples):
+            return samples
+        time.sleep(0.2)
+    raise AssertionError("condition not reached")
+
+
+def test_unexpected_error_is_counted_and_other_series_stay(collect, tmp_path: Path) -> None:
+    scenario = write_scenario(
+        tmp_path,
+        CONSTANT,
+        """
+        faults:
+          - {kind: error, gpu: 0, call: nvmlDeviceGetPowerUsage, error: UNKNOWN}
+        """,
+    )
+    samples = collect(scenario, cycles=3)
+    h100 = gpu_labels(samples, "0")
+    assert value_of(samples, "gpu_power_usage_watts", **h100) is None
+    assert value_of(samples, "gpu_power_limit_watts", **h100) == 700
+    assert value_of(samples, "gpu_power_usage_watts", **gpu_labels(samples, "1")) == 250
+    assert value_of(samples, "gpuload_collector_success", collector="power") == 0
+    assert value_of(samples, "gpuload_collector_success", collector="memory") == 1
+    assert value_of(samples, "gpuload_nvml_errors_total", collector="power", error="unknown") == 3
+
+
+@pytest.mark.parametrize(
+    ("call", "family", "labels"),
+    [
+        ("nvmlDeviceGetTemperatureV", "gpu_temperature_celsius", {"sensor": "gpu"}),
+        ("nvmlDeviceGetPowerUsage", "gpu_power_usage_watts", {}),
+        ("nvmlDeviceGetUtilizationRates", "gpu_utilization_ratio", {}),
+        ("nvmlDeviceGetTotalEnergyConsumption", "gpu_energy_consumption_joules_total", {}),
+        ("nvmlDeviceGetClockInfo", "gpu_clock_hertz", {"clock": "sm"}),
+    ],
+)
+def test_sentinel_values_never_become_samples(
+    collect, tmp_path: Path, call: str, family: str, labels: dict[str, str]
+) -> None:
+    scenario = write_scenario(
+        tmp_path,
+        CONSTANT,
+        f"""
+        faults:
+          - {{kind: sentinel, gpu: 0, call: {call}}}
+        """,
+    )
+    samples = collect(scenario)
+    assert value_of(samples, family, **gpu_labels(samples, "0"), **labels) is None
+    assert value_of(samples, family, **gpu_labels(samples, "1"), **labels) is not None
+
+
+def test_not_supported_fault_drops_only_that_series(collect, tmp_path: Path) -> None:
+    scenario = write_scenario(
+        tmp_path,
+        CONSTANT,
+        """
+        faults:
+          - {kind: not_supported, gpu: 0, calls: [nvmlDeviceGetEnforcedPowerLimit]}
+        """,
+    )
+    samples = collect(scenario)
+    h100 = gpu_labels(samples, "0")
+    assert value_of(samples, "gpu_power_limit_watts", **h100) is None
+    assert value_of(samples, "gpu_power_usage_watts", **h100) == 250
+    assert value_of(samples, "gpuload_collector_success", collector="power") == 1
+
+
+def test_disabled_collector_exports_nothing(collect, tmp_path: Path) -> None:
+    samples = collect(write_scenario(tmp_path, CONSTANT), enabled={**ALL_ON, "clocks": False})
+    assert series(samples, "gpu_clock_hertz") == {}
+    assert value_of(samples, "gpuload_collector_success", collector="clocks") is None
+    assert series(samples, "gpu_power_usage_watts")
+
+
+@pytest.fixture
+def broken_collector() -> Iterator[str]:
+    family = Family("gpu_broken_ratio", "gauge", "A collector that always raises.")
+
+    @register("broken", [family])
+    class Broken:
+        """Raises on every GPU."""
+
+        def collect(self, device: object, read: object) -> Iterator[Sample]:
+            yield Sample("gpu_broken_ratio", 1.0)
+            raise RuntimeError("broken on purpose")
+
+    yield "broken"
+    del REGISTRY["broken"]
+
+
+def test_raising_collector_leaves_others_intact(
+    collect, tmp_path: Path, broken_collector: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING)
+    samples = collect(
+        write_scenario(tmp_path, CONSTANT), enabled={**ALL_ON, broken_collector: True}, cycles=3
+    )
+    assert value_of(samples, "gpuload_collector_success", collector="broken") == 0
+    assert series(samples, "gpu_broken_ratio") == {}
+    assert value_of(samples, "gpuload_collector_exceptions_total", collector="broken") == 6
+    assert value_of(samples, "gpuload_collector_success", collector="power") == 1
+    assert value_of(samples, "gpu_utilization_ratio", **gpu_labels(samples, "0")) == 0.42
+    # Logged once per GPU when it started, not once per cycle.
+    messages = [r.getMessage() for r in caplog.records if "collector broken" in r.getMessage()]
+    assert len(messages) == 2
+    assert "RuntimeError: broken on purpose" in messages[0]
+
+
+def test_driver_not_loaded_then_loaded_brings_metrics(tmp_path: Path) -> None:
+    scenario = write_scenario(
+        tmp_path,
+        CONSTANT,
+        """
+        faults:
+          - {kind: driver_not_loaded, at: 0, until: 10}
+        """,
+    )
+    clock = Clock(5)
+    sim.install(scenario, clock=clock, epoch=0)
+    collection = Collection(ALL_ON, timeout=5)
+    try:
+        down = _scrape(collection.run_cycle())
+        assert value_of(down, "gpuload_nvml_up") == 0
+        assert (
+            value_of(down, "gpuload_nvml_errors_total", collector="nvml", error="driver_not_loaded")
+            == 1
+        )
+        assert series(down, "gpu_up") == {}
+        clock.now = 12
+        up = _wait_for(collection, lambda s: value_of(s, "gpuload_nvml_up") == 1)
+        assert len(series(up, "gpu_up")) == 2
+    finally:
+        collection.close()
+        sim.uninstall()
