@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -398,6 +399,46 @@ def test_driver_not_loaded_then_loaded_brings_metrics(tmp_path: Path) -> None:
         clock.now = 12
         up = _wait_for(collection, lambda s: value_of(s, "gpuload_nvml_up") == 1)
         assert len(series(up, "gpu_up")) == 2
+    finally:
+        collection.close()
+        sim.uninstall()
+
+
+def test_hung_call_marks_one_gpu_stale_without_piling_up_threads(tmp_path: Path) -> None:
+    scenario = write_scenario(
+        tmp_path,
+        CONSTANT,
+        """
+        faults:
+          - {kind: hang, gpu: 1, call: nvmlDeviceGetPowerUsage, seconds: 1.5, at: 0, until: 10}
+        """,
+    )
+    clock = Clock(5)
+    sim.install(scenario, clock=clock, epoch=0)
+    threads = threading.active_count()
+    collection = Collection(ALL_ON, timeout=0.2)
+    try:
+        first = _scrape(collection.run_cycle())
+        h100, a6000 = gpu_labels(first, "0"), gpu_labels(first, "1")
+        for _ in range(5):
+            samples = _scrape(collection.run_cycle())
+            # The healthy GPU is collected every cycle; the stuck one is stale, not resubmitted.
+            assert value_of(samples, "gpu_utilization_ratio", **h100) == 0.42
+            assert value_of(samples, "gpuload_gpu_stale", **a6000) == 1
+            assert value_of(samples, "gpuload_gpu_stale", **h100) == 0
+            assert value_of(samples, "gpu_utilization_ratio", **a6000) is None
+            assert value_of(samples, "gpuload_collector_success", collector="power") == 0
+            # At most one worker per GPU, however many cycles the call stays stuck.
+            assert threading.active_count() <= threads + 2
+        clock.now = 20  # the hang is over once the stuck call returns
+        recovered = _wait_for(
+            collection,
+            lambda s: (
+                value_of(s, "gpuload_gpu_stale", **a6000) == 0
+                and value_of(s, "gpu_power_usage_watts", **a6000) is not None
+            ),
+        )
+        assert value_of(recovered, "gpuload_collector_success", collector="power") == 1
     finally:
         collection.close()
         sim.uninstall()
