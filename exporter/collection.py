@@ -132,6 +132,9 @@ class Collection:
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._specs = [REGISTRY[name] for name, on in enabled.items() if on and name in REGISTRY]
+        self._node_collectors = {
+            spec.name: spec.factory() for spec in self._specs if spec.scope == "node"
+        }
         self._timeout = timeout
         self._wall_clock = wall_clock
         self._gpus: dict[int, _Gpu] = {}
@@ -266,9 +269,8 @@ class Collection:
             if gpu.in_flight is not None:
                 pending[gpu.in_flight] = gpu
         node_runs = [
-            run_collector(spec.name, spec.factory().collect)  # type: ignore[attr-defined]
-            for spec in self._specs
-            if spec.scope == "node"
+            run_collector(name, collector.collect)  # type: ignore[attr-defined]
+            for name, collector in self._node_collectors.items()
         ]
         wait(pending, timeout=self._timeout)
         runs = list(node_runs)

@@ -442,3 +442,34 @@ def test_hung_call_marks_one_gpu_stale_without_piling_up_threads(tmp_path: Path)
     finally:
         collection.close()
         sim.uninstall()
+
+
+def test_driver_unloaded_mid_run_is_initialised_again(tmp_path: Path) -> None:
+    scenario = write_scenario(
+        tmp_path,
+        CONSTANT,
+        """
+        faults:
+          - {kind: driver_not_loaded, at: 10, until: 20}
+          - {kind: error, call: nvmlDeviceGetUtilizationRates, error: UNINITIALIZED, at: 10,
+             until: 20}
+        """,
+    )
+    clock = Clock(5)
+    sim.install(scenario, clock=clock, epoch=0)
+    collection = Collection(ALL_ON, timeout=5)
+    try:
+        assert value_of(_scrape(collection.run_cycle()), "gpuload_nvml_up") == 1
+        clock.now = 12
+        _wait_for(collection, lambda s: value_of(s, "gpuload_nvml_up") == 0)
+        clock.now = 22
+        back = _wait_for(
+            collection,
+            lambda s: (
+                value_of(s, "gpuload_nvml_up") == 1 and len(series(s, "gpu_utilization_ratio")) == 2
+            ),
+        )
+        assert all(v == 1 for v in series(back, "gpu_up").values())
+    finally:
+        collection.close()
+        sim.uninstall()
