@@ -20,7 +20,7 @@ from typing import Any
 
 import exporter
 from exporter.sim.installer import ENV_EPOCH, ENV_SCENARIO, ENV_SEED, ENV_TIME
-from exporter.sim.scenario import load_scenario, scenario_path
+from exporter.sim.scenario import SCENARIO_DIR, load_scenario, scenario_path
 
 SITE_DIR = Path(__file__).parent / "site"
 # The directory holding the `exporter` package, so that the child can import it.
@@ -38,8 +38,9 @@ def child_environment(
     """Return ``environ`` extended with the path and GPULOAD_SIM_* variables the child needs."""
     env = dict(environ)
     path = scenario_path(scenario)
-    # A file path is made absolute: the child may run in another directory.
-    env[ENV_SCENARIO] = str(path.resolve()) if path.exists() and path.name != scenario else scenario
+    shipped = path.parent == SCENARIO_DIR and path.stem == scenario
+    # A file path is made absolute: the child, or a process it starts, may change directory.
+    env[ENV_SCENARIO] = scenario if shipped else str(path.resolve())
     env[ENV_EPOCH] = repr(float(epoch))
     for name, value in ((ENV_SEED, seed), (ENV_TIME, pinned_time)):
         if value is None:

@@ -381,7 +381,7 @@ def _features(value: object, path: str) -> frozenset[str]:
 
 def _function_names(value: object, path: str) -> frozenset[str]:
     # Imported here: the library module imports this one.
-    from exporter.sim.library import FUNCTION_NAMES
+    from exporter.sim.functions import FUNCTION_NAMES
 
     names = _list(value, path)
     for i, name in enumerate(names):

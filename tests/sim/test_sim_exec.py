@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from exporter.sim import exec_command, load_scenario
+from exporter.sim.exec import PACKAGE_ROOT, SITE_DIR, child_environment
 
 CHILD = """
 import json, sys
@@ -113,3 +114,19 @@ def test_sigterm_is_forwarded_to_the_child() -> None:
         timer.cancel()
     assert code == 128 + signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) is before  # restored
+
+
+def test_child_environment_puts_the_simulator_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "mine.yaml").write_text("", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    env = child_environment(
+        "mine.yaml", {"PYTHONPATH": "/opt/lib"}, epoch=12.5, seed=None, pinned_time=3.0
+    )
+    assert env["GPULOAD_SIM_SCENARIO"] == str(tmp_path / "mine.yaml")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(SITE_DIR), str(PACKAGE_ROOT), "/opt/lib"]
+    assert (env["GPULOAD_SIM_EPOCH"], env["GPULOAD_SIM_TIME"]) == ("12.5", "3.0")
+    assert "GPULOAD_SIM_SEED" not in env
+    shipped = child_environment("idle", {}, epoch=1.0, seed=2, pinned_time=None)
+    assert (shipped["GPULOAD_SIM_SCENARIO"], shipped["GPULOAD_SIM_SEED"]) == ("idle", "2")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import statistics
 import threading
+from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pynvml
@@ -320,3 +322,35 @@ def test_pinned_time_freezes_readings(clock: ManualClock) -> None:
     first = _snapshot()
     clock.advance(1234.5)
     assert _snapshot() == first
+
+
+@pytest.mark.parametrize(("loop", "expected"), [(True, 20), (False, 80)])
+def test_phases_loop_or_hold_the_last(
+    base_scenario: dict[str, Any],
+    write_scenario: Callable[[dict[str, Any]], Path],
+    clock: ManualClock,
+    loop: bool,
+    expected: int,
+) -> None:
+    base_scenario["loop"] = loop
+    base_scenario["phases"] = [
+        {"duration": 10, "utilization": 0.2},
+        {"duration": 10, "utilization": 0.8},
+    ]
+    install(write_scenario(base_scenario), clock=clock)
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    clock.at(15)
+    assert pynvml.nvmlDeviceGetUtilizationRates(handle).gpu == 80
+    clock.at(25)
+    assert pynvml.nvmlDeviceGetUtilizationRates(handle).gpu == expected
+
+
+def test_per_gpu_overrides_make_a_straggler(clock: ManualClock) -> None:
+    healthy = _series("mixed", clock, 0.0, 180.0, 0.5)  # GPU 0, session left open
+    handle = pynvml.nvmlDeviceGetHandleByIndex(1)
+    straggler = []
+    for k in range(360):
+        clock.at(k * 0.5)
+        straggler.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    assert statistics.mean(straggler) < statistics.mean(healthy) - 25

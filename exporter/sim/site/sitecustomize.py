@@ -8,6 +8,7 @@ it is chained rather than shadowed.
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import os
 import sys
