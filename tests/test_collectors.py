@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import logging
-import threading
 import textwrap
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 

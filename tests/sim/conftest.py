@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,12 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-# The package is imported from the source tree when it is not installed.
-_ROOT = Path(__file__).resolve().parents[2]
-if str(_ROOT) not in sys.path:
-    sys.path.insert(0, str(_ROOT))
-
-from exporter.sim import uninstall  # noqa: E402
+from exporter.sim import uninstall
 
 EPOCH = 1_700_000_000.0
 
