@@ -18,8 +18,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import yaml
+
 import exporter
-from exporter.sim.installer import ENV_EPOCH, ENV_SCENARIO, ENV_SEED, ENV_TIME
+from exporter.sim.installer import ENV_DEPENDENCIES, ENV_EPOCH, ENV_SCENARIO, ENV_SEED, ENV_TIME
 from exporter.sim.scenario import SCENARIO_DIR, load_scenario, scenario_path
 
 SITE_DIR = Path(__file__).parent / "site"
@@ -48,6 +50,9 @@ def child_environment(
         else:
             env[name] = str(value)
     paths = [str(SITE_DIR), str(PACKAGE_ROOT)]
+    # The simulator needs PyYAML, which the child's environment may lack. Its location is
+    # appended to the child's path, after the child's own packages, so nothing is shadowed.
+    env[ENV_DEPENDENCIES] = str(Path(yaml.__file__).resolve().parent.parent)
     existing = env.get("PYTHONPATH")
     env["PYTHONPATH"] = os.pathsep.join(paths + ([existing] if existing else []))
     return env

@@ -587,6 +587,12 @@ def _ecc_errors(call: Call, error_type: Any, counter_type: Any, ref: Any) -> int
     return call.put(ref, call.device.counter(rate, call.t))
 
 
+@_device("nvmlDeviceGetDriverModel", "nvmlDeviceGetDriverModel_v2")
+def _driver_model(call: Call, current: Any, pending: Any) -> int:
+    # WDDM/TCC driver models exist only on Windows; Linux drivers answer NOT_SUPPORTED.
+    return NOT_SUPPORTED
+
+
 @_device("nvmlDeviceGetMigMode")
 def _mig_mode(call: Call, current: Any, pending: Any) -> int:
     if not call.device.model.mig_capable:

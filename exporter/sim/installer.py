@@ -20,6 +20,8 @@ ENV_SCENARIO = "GPULOAD_SIM_SCENARIO"
 ENV_EPOCH = "GPULOAD_SIM_EPOCH"
 ENV_SEED = "GPULOAD_SIM_SEED"
 ENV_TIME = "GPULOAD_SIM_TIME"
+# Where the parent found PyYAML: appended to a child's path by site/sitecustomize.py.
+ENV_DEPENDENCIES = "GPULOAD_SIM_DEPENDENCIES"
 
 
 def _reset_pynvml(library: SimulatedNvml | None) -> None:

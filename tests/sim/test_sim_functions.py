@@ -162,6 +162,9 @@ DEVICE_CALLS: list[tuple[str, Call, Unsupported]] = [
         ),
         _lacks("ecc"),
     ),
+    # Driver models (WDDM/TCC) are Windows-only: a Linux driver answers NOT_SUPPORTED.
+    ("nvmlDeviceGetDriverModel_v2", pynvml.nvmlDeviceGetDriverModel_v2, lambda g: True),
+    ("nvmlDeviceGetDriverModel", pynvml.nvmlDeviceGetDriverModel_v1, lambda g: True),
     ("nvmlDeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, lambda g: not g.model.mig_capable),
     ("nvmlDeviceGetMaxMigDeviceCount", pynvml.nvmlDeviceGetMaxMigDeviceCount, _never),
     ("nvmlDeviceIsMigDeviceHandle", pynvml.nvmlDeviceIsMigDeviceHandle, _never),

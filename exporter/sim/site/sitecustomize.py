@@ -19,6 +19,9 @@ def _install() -> None:
         import pynvml  # noqa: F401 - only processes that can use NVML need the simulator
     except ImportError:
         return
+    dependencies = os.environ.get("GPULOAD_SIM_DEPENDENCIES")
+    if dependencies and dependencies not in sys.path:
+        sys.path.append(dependencies)
     try:
         from exporter.sim import install_from_env
 
