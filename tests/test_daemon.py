@@ -7,9 +7,10 @@ import json
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
-from helpers import ROOT, value_of, wait_until
+from helpers import ROOT, series, value_of, wait_until
 
 
 def test_without_nvml_the_daemon_stays_up_and_says_why(daemon_factory) -> None:
@@ -105,3 +106,35 @@ def test_port_in_use_is_a_clear_error(daemon_factory) -> None:
     assert result.returncode != 0
     assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_simulated_node_serves_every_gpu_and_stops_within_two_seconds(daemon_factory) -> None:
+    daemon = daemon_factory("--simulate", "training", "--collect.interval", "200ms")
+    samples = daemon.metrics()
+    assert value_of(samples, "gpuload_nvml_up") == 1
+    assert len(series(samples, "gpu_utilization_ratio")) == 8
+    page = daemon.get("/").text
+    assert page.count("NVIDIA H100 80GB HBM3") == 8
+    assert daemon.stop() < 2.0
+    assert daemon.process.returncode == 0
+
+
+def test_metrics_appear_when_the_driver_loads(daemon_factory, tmp_path) -> None:
+    scenario = tmp_path / "late-driver.yaml"
+    scenario.write_text(
+        "driver: {version: '550.90.07', cuda_version: 12040}\n"
+        "gpus: [{model: l4, count: 2}]\n"
+        "phases: [{duration: 1h, utilization: 0.5}]\n"
+        "faults: [{kind: driver_not_loaded, at: 0, until: 2}]\n"
+    )
+    daemon = daemon_factory(
+        "--simulate", str(scenario), "--sim.epoch", str(time.time()), "--collect.interval", "200ms"
+    )
+    assert value_of(daemon.metrics(), "gpuload_nvml_up") == 0
+    wait_until(lambda: value_of(daemon.metrics(), "gpuload_nvml_up") == 1, what="NVML up")
+    wait_until(
+        lambda: len(series(daemon.metrics(), "gpu_utilization_ratio")) == 2,
+        what="both GPUs reporting",
+    )
+    assert daemon.log().count("NVML initialisation failed") == 1
+    assert "NVML initialised: 2 GPUs" in daemon.log()
