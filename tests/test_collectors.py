@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import textwrap
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -74,7 +76,7 @@ def collect() -> Iterator[Callable[..., dict]]:
         for _ in range(cycles):
             snapshot = collection.run_cycle()
         assert snapshot is not None
-        return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+        return _scrape(snapshot)
 
     yield run
     for collection in collections:
@@ -87,6 +89,36 @@ def gpu_labels(samples: dict, gpu: str) -> dict[str, str]:
         dict(labels)["uuid"] for labels in series(samples, "gpu_up") if dict(labels)["gpu"] == gpu
     ]
     return {"gpu": gpu, "uuid": uuid}
+
+
+def _scrape(snapshot: Snapshot) -> dict:
+    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+
+
+def _wait_for(collection: Collection, condition: Callable[[dict], bool]) -> dict:
+    # Re-acquiring a lost GPU backs off from 1 s; allow a few cycles.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        samples = _scrape(collection.run_cycle())
+        if condition(samples):
+            return samples
+        time.sleep(0.2)
+    raise AssertionError("condition not reached")
+
+
+@contextlib.contextmanager
+def moving_clock(
+    scenario: Path, *, at: float = 5, timeout: float = 5
+) -> Iterator[tuple[Clock, Collection]]:
+    """A collection over a scenario whose clock the test moves by hand."""
+    clock = Clock(at)
+    sim.install(scenario, clock=clock, epoch=0)
+    collection = Collection(ALL_ON, timeout=timeout)
+    try:
+        yield clock, collection
+    finally:
+        collection.close()
+        sim.uninstall()
 
 
 @pytest.mark.parametrize(
@@ -231,10 +263,7 @@ def test_lost_gpu_keeps_other_gpus_reporting_and_comes_back(collect, tmp_path: P
           - {kind: gpu_lost, gpu: 1, at: 10, until: 20}
         """,
     )
-    clock = Clock(5)
-    sim.install(scenario, clock=clock, epoch=0)
-    collection = Collection(ALL_ON, timeout=5)
-    try:
+    with moving_clock(scenario, at=5, timeout=5) as (clock, collection):
         before = _scrape(collection.run_cycle())
         a6000 = gpu_labels(before, "1")
         assert value_of(before, "gpu_up", **a6000) == 1
@@ -252,26 +281,6 @@ def test_lost_gpu_keeps_other_gpus_reporting_and_comes_back(collect, tmp_path: P
         clock.now = 25
         after = _wait_for(collection, lambda s: value_of(s, "gpu_up", **a6000) == 1)
         assert value_of(after, "gpu_utilization_ratio", **a6000) == 0.42
-    finally:
-        collection.close()
-        sim.uninstall()
-
-
-def _scrape(snapshot: Snapshot) -> dict:
-    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
-
-
-def _wait_for(collection: Collection, condition: Callable[[dict], bool]) -> dict:
-    # Re-acquiring a lost GPU backs off from 1 s; allow a few cycles.
-    import time
-
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        samples = _scrape(collection.run_cycle())
-        if condition(samples):
-            return samples
-        time.sleep(0.2)
-    raise AssertionError("condition not reached")
 
 
 def test_unexpected_error_is_counted_and_other_series_stay(collect, tmp_path: Path) -> None:
@@ -385,10 +394,7 @@ def test_driver_not_loaded_then_loaded_brings_metrics(tmp_path: Path) -> None:
           - {kind: driver_not_loaded, at: 0, until: 10}
         """,
     )
-    clock = Clock(5)
-    sim.install(scenario, clock=clock, epoch=0)
-    collection = Collection(ALL_ON, timeout=5)
-    try:
+    with moving_clock(scenario, at=5, timeout=5) as (clock, collection):
         down = _scrape(collection.run_cycle())
         assert value_of(down, "gpuload_nvml_up") == 0
         assert (
@@ -399,9 +405,6 @@ def test_driver_not_loaded_then_loaded_brings_metrics(tmp_path: Path) -> None:
         clock.now = 12
         up = _wait_for(collection, lambda s: value_of(s, "gpuload_nvml_up") == 1)
         assert len(series(up, "gpu_up")) == 2
-    finally:
-        collection.close()
-        sim.uninstall()
 
 
 def test_hung_call_marks_one_gpu_stale_without_piling_up_threads(tmp_path: Path) -> None:
@@ -413,11 +416,8 @@ def test_hung_call_marks_one_gpu_stale_without_piling_up_threads(tmp_path: Path)
           - {kind: hang, gpu: 1, call: nvmlDeviceGetPowerUsage, seconds: 1.5, at: 0, until: 10}
         """,
     )
-    clock = Clock(5)
-    sim.install(scenario, clock=clock, epoch=0)
     threads = threading.active_count()
-    collection = Collection(ALL_ON, timeout=0.2)
-    try:
+    with moving_clock(scenario, at=5, timeout=0.2) as (clock, collection):
         first = _scrape(collection.run_cycle())
         h100, a6000 = gpu_labels(first, "0"), gpu_labels(first, "1")
         for _ in range(5):
@@ -439,9 +439,6 @@ def test_hung_call_marks_one_gpu_stale_without_piling_up_threads(tmp_path: Path)
             ),
         )
         assert value_of(recovered, "gpuload_collector_success", collector="power") == 1
-    finally:
-        collection.close()
-        sim.uninstall()
 
 
 def test_driver_unloaded_mid_run_is_initialised_again(tmp_path: Path) -> None:
@@ -455,10 +452,7 @@ def test_driver_unloaded_mid_run_is_initialised_again(tmp_path: Path) -> None:
              until: 20}
         """,
     )
-    clock = Clock(5)
-    sim.install(scenario, clock=clock, epoch=0)
-    collection = Collection(ALL_ON, timeout=5)
-    try:
+    with moving_clock(scenario, at=5, timeout=5) as (clock, collection):
         assert value_of(_scrape(collection.run_cycle()), "gpuload_nvml_up") == 1
         clock.now = 12
         _wait_for(collection, lambda s: value_of(s, "gpuload_nvml_up") == 0)
@@ -470,6 +464,3 @@ def test_driver_unloaded_mid_run_is_initialised_again(tmp_path: Path) -> None:
             ),
         )
         assert all(v == 1 for v in series(back, "gpu_up").values())
-    finally:
-        collection.close()
-        sim.uninstall()
