@@ -121,6 +121,7 @@ def _serve(args: argparse.Namespace) -> int:
             environ=os.environ,
             flags=flags,
             collectors={name: spec.enabled_by_default for name, spec in REGISTRY.items()},
+            collector_options={name: spec.options for name, spec in REGISTRY.items()},
         )
     except config.ConfigError as error:
         print(f"gpuload: {error}", file=sys.stderr)
@@ -165,6 +166,8 @@ def _collectors() -> int:
     for name, spec in sorted(REGISTRY.items()):
         state = "enabled" if spec.enabled_by_default else "disabled"
         print(f"{name} ({state} by default, per {spec.scope}): {spec.description}")
+        for option, default in spec.options.items():
+            print(f"  setting collectors.{name}.{option} (default {default})")
         for family in spec.families:
             print(f"  {family.name}")
     return 0

@@ -97,6 +97,7 @@ class _Gpu:
     collectors: dict[str, Any] = field(default_factory=dict)
     in_flight: Future[list[CollectorRun]] | None = None
     current_collector: str = ""
+    profiling: str = "none"
     retry: _Backoff = field(default_factory=_Backoff)
 
 
@@ -129,12 +130,15 @@ class Collection:
         enabled: Mapping[str, bool],
         *,
         timeout: float,
+        options: Mapping[str, Mapping[str, Any]] | None = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._specs = [REGISTRY[name] for name, on in enabled.items() if on and name in REGISTRY]
-        self._node_collectors = {
-            spec.name: spec.factory() for spec in self._specs if spec.scope == "node"
+        self._options = {
+            spec.name: {**spec.options, **(options or {}).get(spec.name, {})}
+            for spec in self._specs
         }
+        self._node_collectors: dict[str, Any] = {}
         self._timeout = timeout
         self._wall_clock = wall_clock
         self._gpus: dict[int, _Gpu] = {}
@@ -175,6 +179,10 @@ class Collection:
             if self._executor is not None:
                 self._executor.shutdown(wait=False, cancel_futures=True)
                 self._executor = None
+            for gpu in self._gpus.values():
+                if gpu.in_flight is None:
+                    _close_all(gpu.collectors)
+            _close_all(self._node_collectors)
             if self._nvml_up and not stuck:
                 self._shutdown_nvml()
             elif stuck:
@@ -200,6 +208,7 @@ class Collection:
             return
         self._problems.resolve(("nvml",), "NVML initialised: %d GPUs", count)
         self._nvml_up = True
+        self._node_collectors = self._build_collectors("node")
         self._init_backoff.reset()
         known = self._gpus
         self._gpus = {index: known.get(index) or _Gpu(index) for index in range(count)}
@@ -225,6 +234,9 @@ class Collection:
         if any(gpu.in_flight is not None for gpu in self._gpus.values()):
             return
         log.warning("NVML needs to be initialised again (driver reloaded or lost)")
+        for gpu in self._gpus.values():
+            _close_all(gpu.collectors)
+        _close_all(self._node_collectors)
         if self._executor is not None:
             self._executor.shutdown(wait=False)
             self._executor = None
@@ -251,12 +263,28 @@ class Collection:
                 )
             gpu.device, gpu.identity = device, identity
             gpu.retry.reset()
-            gpu.collectors = {
-                spec.name: spec.factory() for spec in self._specs if spec.scope == "device"
-            }
+            gpu.profiling = self._profiling(device)
+            _close_all(gpu.collectors)
+            gpu.collectors = self._build_collectors("device")
             self._problems.resolve(
                 ("gpu", gpu.index), "GPU %d (%s) is reporting", gpu.index, identity.uuid
             )
+
+    def _build_collectors(self, scope: str) -> dict[str, Any]:
+        return {
+            spec.name: spec.factory(**self._options[spec.name])
+            for spec in self._specs
+            if spec.scope == scope
+        }
+
+    def _profiling(self, device: Device) -> str:
+        """Which profiling path `gpu_info` reports: GPM where enabled and supported."""
+        if "gpm" not in self._options:
+            return "none"
+        try:
+            return "gpm" if device.gpm_supported() else "none"
+        except NvmlError:
+            return "none"
 
     # Collection
 
@@ -269,7 +297,7 @@ class Collection:
             if gpu.in_flight is not None:
                 pending[gpu.in_flight] = gpu
         node_runs = [
-            run_collector(name, collector.collect)  # type: ignore[attr-defined]
+            run_collector(name, collector.collect)
             for name, collector in self._node_collectors.items()
         ]
         wait(pending, timeout=self._timeout)
@@ -316,6 +344,8 @@ class Collection:
         if error.name in _REINIT_CODES:
             return True
         gpu.device = None
+        _close_all(gpu.collectors)
+        gpu.collectors = {}
         gpu.retry.failed(time.monotonic())
         self._problems.report(
             ("gpu", gpu.index),
@@ -350,7 +380,7 @@ class Collection:
             "gpu_info",
             "Identity of each GPU; always 1. Join on gpu/uuid for the model name "
             "(nvmlDeviceGetName, GetUUID, GetPciInfo, GetSerial, GetVbiosVersion).",
-            labels=[*GPU_LABELS, "name", "pci_bus_id", "serial", "vbios_version"],
+            labels=[*GPU_LABELS, "name", "pci_bus_id", "serial", "vbios_version", "profiling"],
         )
         up = GaugeMetricFamily(
             "gpu_up",
@@ -375,6 +405,7 @@ class Collection:
                     identity.pci_bus_id,
                     identity.serial,
                     identity.vbios_version,
+                    gpu.profiling,
                 ],
                 1,
             )
@@ -472,6 +503,18 @@ class Collection:
             else:
                 self._problems.resolve(key, "collector %s on %s: recovered", run.name, where)
         return failed
+
+
+def _close_all(collectors: Mapping[str, Any]) -> None:
+    """Release what collectors hold (GPM samples, threads); a failure here is only logged."""
+    for name, collector in collectors.items():
+        close = getattr(collector, "close", None)
+        if close is None:
+            continue
+        try:
+            close()
+        except Exception:  # releasing one collector must not stop the others
+            log.warning("collector %s: releasing its resources failed", name, exc_info=True)
 
 
 def _describe_problem(run: CollectorRun, unexpected: list[NvmlError]) -> str:

@@ -61,6 +61,7 @@ class Config:
     collect_interval: float = 1.0
     collect_timeout: float | None = None
     collectors: Mapping[str, bool] = field(default_factory=dict)
+    collector_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     simulate: SimulationConfig = field(default_factory=SimulationConfig)
 
     @property
@@ -211,6 +212,7 @@ def load(
     environ: Mapping[str, str] | None = None,
     flags: Mapping[str, Any] | None = None,
     collectors: Mapping[str, bool] | None = None,
+    collector_options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Config:
     """Build and validate the configuration; flags > env > file > defaults.
 
@@ -219,6 +221,8 @@ def load(
         environ: the process environment (GPULOAD_* variables are read).
         flags: values given on the command line, by key path.
         collectors: every known collector and whether it is enabled by default.
+        collector_options: each collector's own settings and their defaults; a setting
+            ``collectors.NAME.OPTION`` takes a value of the default's type.
 
     Raises:
         ConfigError: naming the first bad key path, its source and what is expected.
@@ -226,6 +230,10 @@ def load(
     known = dict(collectors or {})
     settings = dict(_SETTINGS)
     settings.update({f"collectors.{name}.enabled": parse_bool for name in known})
+    options = {name: dict(defaults) for name, defaults in (collector_options or {}).items()}
+    for name, defaults in options.items():
+        for option, default in defaults.items():
+            settings[f"collectors.{name}.{option}"] = _parser_like(default)
 
     layers = [
         ("config file", _read_file(Path(file)) if file else {}),
@@ -242,17 +250,42 @@ def load(
                 values[key] = parse(raw)
             except (TypeError, ValueError) as error:
                 raise ConfigError(f"{source} {key}: {raw!r} is not valid: {error}") from None
-    return _build(values, known)
+    for key, value in values.items():
+        parts = key.split(".")
+        if parts[0] == "collectors" and parts[2] != "enabled":
+            options[parts[1]][parts[2]] = value
+    return _build(values, known, options)
+
+
+def _parser_like(default: Any) -> Callable[[Any], Any]:
+    if isinstance(default, bool):
+        return parse_bool
+    if isinstance(default, int):
+        return _positive_integer
+    if isinstance(default, float):
+        return parse_duration
+    return str
+
+
+def _positive_integer(value: Any) -> int:
+    number = _integer(value)
+    if number < 1:
+        raise ValueError("expected an integer of at least 1")
+    return number
 
 
 def _hint(key: str, settings: Mapping[str, Any]) -> str:
     if key.startswith("collectors."):
         names = sorted({k.split(".")[1] for k in settings if k.startswith("collectors.")})
-        return f" (collectors are: {', '.join(names)}; each takes `enabled`)"
+        return f" (collectors are: {', '.join(names)}; see `gpuload collectors` for their keys)"
     return f" (known: {', '.join(sorted(k for k in settings if not k.startswith('collectors.')))})"
 
 
-def _build(values: Mapping[str, Any], collectors: Mapping[str, bool]) -> Config:
+def _build(
+    values: Mapping[str, Any],
+    collectors: Mapping[str, bool],
+    options: Mapping[str, Mapping[str, Any]],
+) -> Config:
     def get(key: str, default: Any) -> Any:
         return values.get(key, default)
 
@@ -273,6 +306,7 @@ def _build(values: Mapping[str, Any], collectors: Mapping[str, bool]) -> Config:
         collect_interval=get("collect_interval", defaults.collect_interval),
         collect_timeout=get("collect_timeout", defaults.collect_timeout),
         collectors=enabled,
+        collector_options=options,
         simulate=SimulationConfig(
             scenario=get("simulate.scenario", None),
             epoch=get("simulate.epoch", None),

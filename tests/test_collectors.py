@@ -307,7 +307,7 @@ def test_unexpected_error_is_counted_and_other_series_stay(collect, tmp_path: Pa
     [
         ("nvmlDeviceGetTemperatureV", "gpu_temperature_celsius", {"sensor": "gpu"}),
         ("nvmlDeviceGetPowerUsage", "gpu_power_usage_watts", {}),
-        ("nvmlDeviceGetUtilizationRates", "gpu_utilization_ratio", {}),
+        ("nvmlDeviceGetSamples, nvmlDeviceGetUtilizationRates", "gpu_utilization_ratio", {}),
         ("nvmlDeviceGetTotalEnergyConsumption", "gpu_energy_consumption_joules_total", {}),
         ("nvmlDeviceGetClockInfo", "gpu_clock_hertz", {"clock": "sm"}),
     ],
@@ -318,10 +318,8 @@ def test_sentinel_values_never_become_samples(
     scenario = write_scenario(
         tmp_path,
         CONSTANT,
-        f"""
-        faults:
-          - {{kind: sentinel, gpu: 0, call: {call}}}
-        """,
+        "faults:\n"
+        + "".join(f"  - {{kind: sentinel, gpu: 0, call: {name}}}\n" for name in call.split(", ")),
     )
     samples = collect(scenario)
     assert value_of(samples, family, **gpu_labels(samples, "0"), **labels) is None

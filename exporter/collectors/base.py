@@ -9,9 +9,9 @@ without any central list to edit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from exporter.nvml import Device, NotSupported, NvmlError
 
@@ -71,7 +71,12 @@ class Reader:
 
 
 class DeviceCollector(Protocol):
-    """Reads one GPU. One instance per GPU, so it may keep per-GPU state."""
+    """Reads one GPU. One instance per GPU, so it may keep per-GPU state.
+
+    A collector holding NVML resources (GPM samples, an event thread) also defines
+    ``close()``; the framework calls it before the GPU's handle is dropped and
+    before NVML shuts down.
+    """
 
     def collect(self, device: Device, read: Reader) -> Iterable[Sample]:
         """Yield this collector's samples for `device`."""
@@ -90,10 +95,11 @@ class CollectorSpec:
 
     name: str
     families: tuple[Family, ...]
-    factory: Callable[[], object]
+    factory: Callable[..., object]
     scope: Literal["device", "node"] = "device"
     enabled_by_default: bool = True
     description: str = field(default="")
+    options: Mapping[str, Any] = field(default_factory=dict)
 
 
 REGISTRY: dict[str, CollectorSpec] = {}
@@ -105,8 +111,14 @@ def register(
     *,
     scope: Literal["device", "node"] = "device",
     enabled_by_default: bool = True,
+    options: Mapping[str, Any] | None = None,
 ) -> Callable[[type[T]], type[T]]:
-    """Class decorator adding a collector to the registry under `name`."""
+    """Class decorator adding a collector to the registry under `name`.
+
+    `options` are the collector's own settings with their defaults; they become the
+    ``collectors.NAME.OPTION`` configuration keys and are passed to the class as
+    keyword arguments.
+    """
 
     def add(cls: type[T]) -> type[T]:
         if name in REGISTRY:
@@ -118,6 +130,7 @@ def register(
             scope=scope,
             enabled_by_default=enabled_by_default,
             description=(cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "",
+            options=dict(options or {}),
         )
         return cls
 

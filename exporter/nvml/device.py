@@ -10,12 +10,14 @@ for anything else.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import pynvml
 
-from exporter.nvml.errors import ValueUnavailable, translated
+from exporter.nvml.errors import NotSupported, NvmlError, ValueUnavailable, translated
+from exporter.nvml.gpm import GpmSampler
 
 _UINT_UNAVAILABLE = 0xFFFFFFFF
 _ULONGLONG_UNAVAILABLE = 0xFFFFFFFFFFFFFFFF
@@ -65,6 +67,60 @@ class Bar1Memory:
     used: int
 
 
+@dataclass(frozen=True)
+class RemappedRows:
+    """Row remapping state (nvmlDeviceGetRemappedRows)."""
+
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failed: bool
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """A process using the GPU; `used_bytes` is None where the driver cannot tell (WDDM)."""
+
+    pid: int
+    used_bytes: int | None
+
+
+@dataclass(frozen=True)
+class ProcessUtilization:
+    """One per-process utilization sample, percent over NVML's sample period."""
+
+    pid: int
+    timestamp_us: int
+    sm_percent: int
+    memory_percent: int
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG instance: its GPU instance id, profile (e.g. 1g.10gb) and handle."""
+
+    gpu_instance: int
+    profile: str
+    device: Device
+
+
+_SAMPLE_TYPES = {
+    "gpu": pynvml.NVML_GPU_UTILIZATION_SAMPLES,
+    "memory": pynvml.NVML_MEMORY_UTILIZATION_SAMPLES,
+}
+_MIG_PROFILE = re.compile(r"(\d+g\.\d+gb(?:\+\w+)?)\s*$")
+
+
+def _mig_profile(name: str) -> str:
+    # NVML names a MIG device "<GPU name> MIG 1g.10gb".
+    match = _MIG_PROFILE.search(name)
+    return match.group(1) if match else ""
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def _checked(value: int, what: str, sentinel: int = _UINT_UNAVAILABLE) -> int:
     if value == sentinel:
         raise ValueUnavailable(what)
@@ -81,6 +137,11 @@ class Device:
     def __init__(self, index: int, handle: Any) -> None:
         self.index = index
         self._handle = handle
+
+    @property
+    def handle(self) -> Any:
+        """The NVML handle, for the other readers of the nvml package (events, GPM)."""
+        return self._handle
 
     def identity(self) -> Identity:
         """Read the GPU's identity. UUID and name are required; the rest may be empty."""
@@ -234,12 +295,158 @@ class Device:
             return _checked(pynvml.nvmlDeviceGetFanSpeed(self._handle), "fan.speed")
 
     def _field_value(self, field_id: int, what: str) -> int:
-        # Field calls report per-field status: one unsupported field is not a failed call.
+        (value,) = self.field_values([field_id])
+        if value is None:
+            raise ValueUnavailable(what)
+        return value
+
+    def field_values(self, fields: list[int | tuple[int, int]]) -> list[int | None]:
+        """Several field values (ids or (id, scope) pairs) in one nvmlDeviceGetFieldValues call.
+
+        Field calls report a status per field: an unsupported or unavailable field
+        comes back as None without failing the others. Another per-field error
+        is raised as `NvmlError`.
+        """
         with translated():
-            (field,) = pynvml.nvmlDeviceGetFieldValues(self._handle, [field_id])
-            pynvml._nvmlCheckReturn(field.nvmlReturn)
-        value = _field_number(field)
-        return _checked(value, what, _sentinel_for(field.valueType))
+            results = pynvml.nvmlDeviceGetFieldValues(self._handle, fields)
+        values: list[int | None] = []
+        for field in results:
+            try:
+                with translated():
+                    pynvml._nvmlCheckReturn(field.nvmlReturn)
+            except NotSupported:
+                values.append(None)
+                continue
+            value = _field_number(field)
+            values.append(None if value == _sentinel_for(field.valueType) else value)
+        return values
+
+    def utilization_samples(self, kind: str, since_us: int) -> list[tuple[int, float]]:
+        """(timestamp µs, percent) samples newer than `since_us`; `kind` is gpu or memory.
+
+        NVML keeps a ring of samples taken every 1/6 s to 1 s depending on the product;
+        an empty list means no new sample since `since_us`.
+        """
+        sample_type = _SAMPLE_TYPES[kind]
+        try:
+            with translated():
+                value_type, samples = pynvml.nvmlDeviceGetSamples(
+                    self._handle, sample_type, since_us
+                )
+        except NotSupported as error:
+            if error.code == pynvml.NVML_ERROR_NOT_FOUND:
+                return []
+            raise
+        return [
+            (int(sample.timeStamp), float(_sample_number(sample.sampleValue, value_type)))
+            for sample in samples
+        ]
+
+    def pcie_throughput_kib_per_second(self, direction: str) -> int:
+        """PCIe tx or rx KiB/s (nvmlDeviceGetPcieThroughput): blocks for its 20 ms window."""
+        counter = (
+            pynvml.NVML_PCIE_UTIL_TX_BYTES if direction == "tx" else pynvml.NVML_PCIE_UTIL_RX_BYTES
+        )
+        with translated():
+            value = pynvml.nvmlDeviceGetPcieThroughput(self._handle, counter)
+        return _checked(value, f"pcie.{direction}")
+
+    def nvlink_active(self, link: int) -> bool:
+        """nvmlDeviceGetNvLinkState: True while the link is up."""
+        with translated():
+            return bool(pynvml.nvmlDeviceGetNvLinkState(self._handle, link))
+
+    def nvlink_error_count(self, link: int, counter: int) -> int:
+        """One NVML_NVLINK_ERROR_DL_* counter of a link (nvmlDeviceGetNvLinkErrorCounter)."""
+        with translated():
+            value = pynvml.nvmlDeviceGetNvLinkErrorCounter(self._handle, link, counter)
+        return _checked(value, "nvlink error counter", _ULONGLONG_UNAVAILABLE)
+
+    def ecc_mode_enabled(self) -> bool:
+        """nvmlDeviceGetEccMode: whether ECC is currently on."""
+        with translated():
+            current, _pending = pynvml.nvmlDeviceGetEccMode(self._handle)
+        return bool(current)
+
+    def ecc_error_count(self, error_type: int, counter: int) -> int:
+        """ECC errors of a type and counter kind (nvmlDeviceGetTotalEccErrors)."""
+        with translated():
+            value = pynvml.nvmlDeviceGetTotalEccErrors(self._handle, error_type, counter)
+        return _checked(value, "ecc errors", _ULONGLONG_UNAVAILABLE)
+
+    def remapped_rows(self) -> RemappedRows:
+        """Row remapping state (nvmlDeviceGetRemappedRows; Ampere and newer data-centre GPUs)."""
+        with translated():
+            correctable, uncorrectable, pending, failed = pynvml.nvmlDeviceGetRemappedRows(
+                self._handle
+            )
+        return RemappedRows(int(correctable), int(uncorrectable), bool(pending), bool(failed))
+
+    def retired_page_count(self, cause: int) -> int:
+        """How many pages nvmlDeviceGetRetiredPages lists for a cause (pre-Ampere GPUs)."""
+        with translated():
+            return len(pynvml.nvmlDeviceGetRetiredPages(self._handle, cause))
+
+    def retired_pages_pending(self) -> bool:
+        """nvmlDeviceGetRetiredPagesPendingStatus: a retirement waits for the next reset."""
+        with translated():
+            return bool(pynvml.nvmlDeviceGetRetiredPagesPendingStatus(self._handle))
+
+    def compute_processes(self) -> list[ProcessMemory]:
+        """nvmlDeviceGetComputeRunningProcesses: PIDs (host namespace) and their memory."""
+        with translated():
+            processes = pynvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
+        return [ProcessMemory(int(p.pid), _optional_int(p.usedGpuMemory)) for p in processes]
+
+    def process_utilization(self, since_us: int) -> list[ProcessUtilization]:
+        """Per-process samples newer than `since_us` (nvmlDeviceGetProcessUtilization)."""
+        try:
+            with translated():
+                samples = pynvml.nvmlDeviceGetProcessUtilization(self._handle, since_us)
+        except NotSupported as error:
+            if error.code == pynvml.NVML_ERROR_NOT_FOUND:
+                return []
+            raise
+        return [
+            ProcessUtilization(int(s.pid), int(s.timeStamp), int(s.smUtil), int(s.memUtil))
+            for s in samples
+        ]
+
+    def mig_mode_enabled(self) -> bool:
+        """nvmlDeviceGetMigMode: whether the GPU is partitioned into MIG instances now."""
+        with translated():
+            current, _pending = pynvml.nvmlDeviceGetMigMode(self._handle)
+        return current == pynvml.NVML_DEVICE_MIG_ENABLE
+
+    def mig_devices(self) -> list[MigDevice]:
+        """The MIG devices present, skipping empty slots."""
+        with translated():
+            slots = pynvml.nvmlDeviceGetMaxMigDeviceCount(self._handle)
+        found = []
+        for slot in range(slots):
+            try:
+                with translated():
+                    handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(self._handle, slot)
+                    instance = int(pynvml.nvmlDeviceGetGpuInstanceId(handle))
+                    name = _text(pynvml.nvmlDeviceGetName(handle))
+            except NvmlError as error:
+                if error.code in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+                    continue
+                raise
+            found.append(MigDevice(instance, _mig_profile(name), Device(self.index, handle)))
+        return found
+
+    def gpm_supported(self) -> bool:
+        """nvmlGpmQueryDeviceSupport: GPU performance monitoring (Hopper and newer)."""
+        try:
+            with translated():
+                return bool(pynvml.nvmlGpmQueryDeviceSupport(self._handle).isSupportedDevice)
+        except NotSupported:
+            return False
+
+    def gpm_sampler(self, gpu_instance: int | None = None) -> GpmSampler:
+        """A GPM sampler for this GPU, or for one of its MIG GPU instances."""
+        return GpmSampler(self._handle, gpu_instance)
 
 
 def _field_number(field: Any) -> int:
@@ -255,6 +462,16 @@ def _field_number(field: Any) -> int:
     if value_type == pynvml.NVML_VALUE_TYPE_SIGNED_INT:
         return int(field.value.siVal)
     return int(field.value.ullVal)
+
+
+def _sample_number(value: Any, value_type: int) -> float:
+    if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE:
+        return float(value.dVal)
+    if value_type == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
+        return float(value.ullVal)
+    if value_type == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG:
+        return float(value.ulVal)
+    return float(value.uiVal)
 
 
 def _sentinel_for(value_type: int) -> int:

@@ -33,7 +33,11 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     """Run the exporter until SIGTERM/SIGINT (or `stop` is set); returns the exit code."""
     if config.simulate.scenario:
         _install_simulator(config)
-    collection = Collection(config.collectors, timeout=config.effective_collect_timeout)
+    collection = Collection(
+        config.collectors,
+        timeout=config.effective_collect_timeout,
+        options=config.collector_options,
+    )
     app = Application(lambda: collection.snapshot, config.web.telemetry_path)
     try:
         server = Server(config.web.listen_address, app)
