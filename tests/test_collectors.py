@@ -462,3 +462,29 @@ def test_driver_unloaded_mid_run_is_initialised_again(tmp_path: Path) -> None:
             ),
         )
         assert all(v == 1 for v in series(back, "gpu_up").values())
+
+
+SAWTOOTH = """
+name: sawtooth
+driver: {version: "550.90.07", cuda_version: 12040}
+gpus:
+  - model: h100-sxm
+phases:
+  - duration: 1h
+    utilization: {pattern: sawtooth, min: 0.0, max: 1.0, period: 3}
+    memory_utilization: {pattern: square, min: 0.1, max: 0.5, period: 3}
+"""
+
+
+def test_utilization_is_the_mean_of_the_samples_since_the_last_collection(tmp_path: Path) -> None:
+    with moving_clock(write_scenario(tmp_path, SAWTOOTH), at=30) as (clock, collection):
+        collection.run_cycle()
+        # Three seconds later: a whole sawtooth period (0 -> 100%) and a whole square period.
+        clock.now = 33
+        samples = _scrape(collection.run_cycle())
+        h100 = gpu_labels(samples, "0")
+        instant = pynvml.nvmlDeviceGetUtilizationRates(pynvml.nvmlDeviceGetHandleByIndex(0))
+    assert value_of(samples, "gpu_utilization_ratio", **h100) == pytest.approx(0.5, abs=0.05)
+    assert value_of(samples, "gpu_memory_utilization_ratio", **h100) == pytest.approx(0.3, abs=0.05)
+    # The instant reading at the same moment is far from the mean: that is the point.
+    assert abs(instant.gpu / 100 - 0.5) > 0.3

@@ -21,9 +21,11 @@ GOLDEN = Path(__file__).parent / "golden" / "metrics-mixed.txt"
 ARGS = ("--simulate", "mixed", "--sim.time", "600", "--sim.seed", "7")
 
 # The only families that differ between two runs of the same pinned scenario:
-# wall-clock timestamps, durations and the process's own resource use.
+# wall-clock timestamps, durations and the process's own resource use, and the PCIe byte
+# counters, which GPUs without NVML's byte counters integrate over wall-clock time.
 NON_DETERMINISTIC = re.compile(
     r"^(# (HELP|TYPE) )?(process_|python_gc_|python_info|gpuload_collector_duration_seconds"
+    r"|gpu_pcie_transmit_bytes_total|gpu_pcie_receive_bytes_total"
     r"|gpuload_collector_last_success_timestamp_seconds|gpuload_last_collection_timestamp_seconds"
     r"|gpuload_collection_duration_seconds)"
 )

@@ -53,6 +53,10 @@ class Reader:
         self.errors: list[NvmlError] = []
         self.invalid: list[str] = []
 
+    def record(self, error: NvmlError) -> None:
+        """Count an error that happened outside a read (e.g. in a collector's own thread)."""
+        self.errors.append(error)
+
     def __call__(
         self, read: Callable[[], T], *, valid: Callable[[T], bool] | None = None, what: str = ""
     ) -> T | None:

@@ -6,11 +6,21 @@ Families:
     gpu_pcie_link_width: nvmlDeviceGetCurrPcieLinkWidth.
     gpu_pcie_link_max_width: nvmlDeviceGetMaxPcieLinkWidth.
     gpu_pcie_replay_errors_total: nvmlDeviceGetPcieReplayCounter.
+    gpu_pcie_transmit_bytes_total, gpu_pcie_receive_bytes_total: field values
+        NVML_FI_DEV_PCIE_COUNT_TX_BYTES / _RX_BYTES (bytes since driver load), in one
+        nvmlDeviceGetFieldValues call. Where the driver lacks them, nvmlDeviceGetPcieThroughput
+        (KiB/s over a 20 ms window; each call blocks that long) integrated over time since the
+        exporter started. Each GPU is collected in its own worker, so those 20 ms waits run
+        in parallel across GPUs, never one after another.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from functools import partial
+
+import pynvml
 
 from exporter.collectors.base import Family, Reader, Sample, register
 from exporter.nvml import Device
@@ -44,7 +54,25 @@ FAMILIES = (
         "PCIe link-level retransmissions since the "
         "driver loaded (nvmlDeviceGetPcieReplayCounter); a rising rate means a bad link.",
     ),
+    Family(
+        "gpu_pcie_transmit_bytes_total",
+        "counter",
+        "Bytes the GPU sent over PCIe (field NVML_FI_DEV_PCIE_COUNT_TX_BYTES, else "
+        "nvmlDeviceGetPcieThroughput integrated over time).",
+    ),
+    Family(
+        "gpu_pcie_receive_bytes_total",
+        "counter",
+        "Bytes the GPU received over PCIe (field NVML_FI_DEV_PCIE_COUNT_RX_BYTES, else "
+        "nvmlDeviceGetPcieThroughput integrated over time).",
+    ),
 )
+
+_BYTE_FIELDS: list[int | tuple[int, int]] = [
+    pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+    pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+]
+_TRAFFIC = (("tx", "gpu_pcie_transmit_bytes_total"), ("rx", "gpu_pcie_receive_bytes_total"))
 
 # PCIe 1.0 to 7.0; x1 to x32.
 _GENERATIONS = range(1, 8)
@@ -53,7 +81,14 @@ _WIDTHS = (1, 2, 4, 8, 12, 16, 32)
 
 @register("pcie", FAMILIES)
 class PcieCollector:
-    """PCIe link generation and width, current and maximum, and replay errors."""
+    """PCIe link generation and width, current and maximum, replay errors and traffic."""
+
+    def __init__(self) -> None:
+        # Which source the traffic counters come from, fixed at the first success so
+        # that a counter never jumps between two sources.
+        self._source: str | None = None
+        self._integrated = {"tx": 0.0, "rx": 0.0}
+        self._last_read: float | None = None
 
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Yield the link state and the replay counter."""
@@ -70,3 +105,31 @@ class PcieCollector:
         replays = read(device.pcie_replay_count, valid=lambda n: n >= 0)
         if replays is not None:
             yield Sample("gpu_pcie_replay_errors_total", replays)
+        yield from self._traffic(device, read)
+
+    def _traffic(self, device: Device, read: Reader) -> Iterator[Sample]:
+        if self._source in (None, "fields"):
+            counters = read(partial(device.field_values, _BYTE_FIELDS)) or [None, None]
+            if None not in counters:
+                self._source = "fields"
+                for (_, family), value in zip(_TRAFFIC, counters, strict=True):
+                    yield Sample(family, value or 0)
+                return
+            if self._source == "fields":
+                return
+        yield from self._integrated_throughput(device, read)
+
+    def _integrated_throughput(self, device: Device, read: Reader) -> Iterator[Sample]:
+        rates = {
+            direction: read(partial(device.pcie_throughput_kib_per_second, direction))
+            for direction, _ in _TRAFFIC
+        }
+        if None in rates.values():
+            return
+        self._source = "throughput"
+        now = time.monotonic()
+        elapsed = 0.0 if self._last_read is None else now - self._last_read
+        self._last_read = now
+        for direction, family in _TRAFFIC:
+            self._integrated[direction] += (rates[direction] or 0) * 1024 * elapsed
+            yield Sample(family, round(self._integrated[direction]))

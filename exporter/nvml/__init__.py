@@ -4,24 +4,54 @@ Everything above this package sees typed Python values and gpuload's own
 exceptions; pynvml's ctypes structures and error classes stay here.
 """
 
-from exporter.nvml.device import Bar1Memory, Device, Identity, MemoryInfo, Utilization
+from exporter.nvml.device import (
+    Bar1Memory,
+    Device,
+    Identity,
+    MemoryInfo,
+    MigDevice,
+    ProcessMemory,
+    ProcessUtilization,
+    RemappedRows,
+    Utilization,
+)
 from exporter.nvml.errors import LibraryNotFound, NotSupported, NvmlError, ValueUnavailable
-from exporter.nvml.library import DriverInfo, device, device_count, driver_info, init, shutdown
+from exporter.nvml.events import XidEvent, XidEventSet
+from exporter.nvml.gpm import METRIC_IDS as GPM_METRICS
+from exporter.nvml.gpm import GpmSampler
+from exporter.nvml.library import (
+    DriverInfo,
+    device,
+    device_count,
+    driver_info,
+    init,
+    process_name,
+    shutdown,
+)
 
 __all__ = [
+    "GPM_METRICS",
     "Bar1Memory",
     "Device",
     "DriverInfo",
+    "GpmSampler",
     "Identity",
     "LibraryNotFound",
     "MemoryInfo",
+    "MigDevice",
     "NotSupported",
     "NvmlError",
+    "ProcessMemory",
+    "ProcessUtilization",
+    "RemappedRows",
     "Utilization",
     "ValueUnavailable",
+    "XidEvent",
+    "XidEventSet",
     "device",
     "device_count",
     "driver_info",
     "init",
+    "process_name",
     "shutdown",
 ]

@@ -11,6 +11,7 @@ for anything else.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -300,7 +301,7 @@ class Device:
             raise ValueUnavailable(what)
         return value
 
-    def field_values(self, fields: list[int | tuple[int, int]]) -> list[int | None]:
+    def field_values(self, fields: Sequence[int | tuple[int, int]]) -> list[int | None]:
         """Several field values (ids or (id, scope) pairs) in one nvmlDeviceGetFieldValues call.
 
         Field calls report a status per field: an unsupported or unavailable field

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pynvml
 
 from exporter.nvml.device import Device, _text
-from exporter.nvml.errors import translated
+from exporter.nvml.errors import NvmlError, translated
 
 
 @dataclass(frozen=True)
@@ -59,3 +59,12 @@ def driver_info() -> DriverInfo:
         cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}",
         nvml_version=nvml,
     )
+
+
+def process_name(pid: int) -> str:
+    """The process's name as NVML sees it (from /proc in the host's PID namespace), or ""."""
+    try:
+        with translated():
+            return _text(pynvml.nvmlSystemGetProcessName(pid))
+    except NvmlError:
+        return ""

@@ -1,0 +1,105 @@
+"""Who uses the GPU: compute processes, their memory and their SM utilization.
+
+Families:
+    gpu_processes: number of compute processes (nvmlDeviceGetComputeRunningProcesses).
+    gpu_process_memory_used_bytes{pid,process}: memory of the `top` processes by memory;
+        the rest summed under pid="" process="(other)" so cardinality stays bounded.
+    gpu_process_sm_utilization_ratio{pid,process}: mean SM utilization of each of those
+        processes since the previous collection (nvmlDeviceGetProcessUtilization), where
+        the GPU reports it.
+
+PIDs are in the host's PID namespace; names come from nvmlSystemGetProcessName, which
+reads them from /proc and is empty when the exporter cannot see the host's processes
+(a container without hostPID).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from functools import partial
+
+from exporter import nvml
+from exporter.collectors.base import Family, Reader, Sample, register
+from exporter.nvml import Device, ProcessMemory
+
+OTHER = ("", "(other)")
+
+FAMILIES = (
+    Family(
+        "gpu_processes",
+        "gauge",
+        "Compute processes running on the GPU (nvmlDeviceGetComputeRunningProcesses).",
+    ),
+    Family(
+        "gpu_process_memory_used_bytes",
+        "gauge",
+        "GPU memory used by a process, in bytes, "
+        'for the top processes by memory; the rest summed as process="(other)" '
+        "(nvmlDeviceGetComputeRunningProcesses).",
+        ("pid", "process"),
+    ),
+    Family(
+        "gpu_process_sm_utilization_ratio",
+        "gauge",
+        "Fraction of time the process had a "
+        "kernel on the SMs since the previous collection, 0..1 "
+        "(nvmlDeviceGetProcessUtilization).",
+        ("pid", "process"),
+    ),
+)
+
+
+@register("processes", FAMILIES, options={"top": 8})
+class ProcessesCollector:
+    """Compute processes per GPU, their memory and SM utilization (top N by memory)."""
+
+    def __init__(self, top: int = 8) -> None:
+        self._top = top
+        self._names: dict[int, str] = {}
+        self._last_seen_us = 0
+
+    def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
+        """Yield the process count and per-process series for the largest processes."""
+        processes = read(device.compute_processes)
+        if processes is None:
+            return
+        yield Sample("gpu_processes", len(processes))
+        by_memory = sorted(processes, key=lambda p: p.used_bytes or 0, reverse=True)
+        shown, rest = by_memory[: self._top], by_memory[self._top :]
+        labels = {p.pid: (str(p.pid), self._name(p.pid)) for p in shown}
+        self._names = {pid: self._names[pid] for pid in labels if pid in self._names}
+        for process in shown:
+            if process.used_bytes is not None:
+                yield Sample(
+                    "gpu_process_memory_used_bytes", process.used_bytes, labels[process.pid]
+                )
+        if rest:
+            yield Sample("gpu_process_memory_used_bytes", _total_memory(rest), OTHER)
+        yield from self._utilization(device, read, labels)
+
+    def _utilization(
+        self, device: Device, read: Reader, labels: dict[int, tuple[str, str]]
+    ) -> Iterator[Sample]:
+        samples = read(partial(device.process_utilization, self._last_seen_us))
+        if not samples:
+            return
+        self._last_seen_us = max(sample.timestamp_us for sample in samples)
+        percents: dict[int, list[int]] = defaultdict(list)
+        for sample in samples:
+            percents[sample.pid].append(sample.sm_percent)
+        # Processes outside the top share one row: their means add up.
+        ratios: dict[tuple[str, str], float] = defaultdict(float)
+        for pid, values in percents.items():
+            ratios[labels.get(pid, OTHER)] += sum(values) / len(values) / 100
+        for key, ratio in ratios.items():
+            yield Sample("gpu_process_sm_utilization_ratio", min(ratio, 1.0), key)
+
+    def _name(self, pid: int) -> str:
+        if pid not in self._names:
+            self._names[pid] = nvml.process_name(pid)
+        return self._names[pid]
+
+
+def _total_memory(processes: list[ProcessMemory]) -> int:
+    return sum(p.used_bytes or 0 for p in processes)

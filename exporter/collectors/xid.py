@@ -1,0 +1,159 @@
+"""XID errors: critical driver events, received by a thread waiting on an NVML event set.
+
+Families:
+    gpu_xid_errors_total{xid}: critical XID events per GPU and XID code since the exporter
+        started (nvmlEventSetWait_v2 with nvmlEventTypeXidCriticalError).
+    gpu_last_xid_code: the last XID code seen on the GPU, 0 when none.
+
+The wait runs in its own thread so that collection never blocks on it. The thread is
+started on the first collection, stopped (within one wait timeout) before NVML shuts
+down, and started again on the next collection if it died.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Iterator
+
+from exporter import nvml
+from exporter.collectors.base import Family, Reader, Sample, register
+from exporter.nvml import NotSupported, NvmlError, XidEventSet
+
+log = logging.getLogger(__name__)
+
+FAMILIES = (
+    Family(
+        "gpu_xid_errors_total",
+        "counter",
+        "Critical XID errors reported by the driver since "
+        "the exporter started, by XID code (nvmlEventSetWait_v2).",
+        ("xid",),
+    ),
+    Family(
+        "gpu_last_xid_code",
+        "gauge",
+        "Code of the last critical XID error on the GPU, 0 "
+        "when none since the exporter started (nvmlEventSetWait_v2).",
+    ),
+)
+
+# How long one wait blocks: also the longest a stop request waits for the thread.
+_WAIT_MS = 500
+
+
+class XidTally:
+    """XID counts per GPU, shared by successive event threads so counters never go back."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[tuple[int, int]] = Counter()
+        self._last: dict[int, int] = {}
+
+    def add(self, gpu: int, xid: int) -> None:
+        """Count one event."""
+        with self._lock:
+            self._counts[(gpu, xid)] += 1
+            self._last[gpu] = xid
+
+    def snapshot(self) -> tuple[dict[tuple[int, int], int], dict[int, int]]:
+        """Copies of the counts and last codes, consistent with each other."""
+        with self._lock:
+            return dict(self._counts), dict(self._last)
+
+
+class XidWatcher:
+    """The event thread: waits on an XID event set until stopped."""
+
+    def __init__(self, tally: XidTally) -> None:
+        self.uuids: dict[int, str] = {}
+        self.error: NvmlError | None = None
+        self._tally = tally
+        self._event_set: XidEventSet | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="xid-events", daemon=True)
+
+    def start(self) -> bool:
+        """Open the event set for every GPU and start waiting; False where events are absent."""
+        devices = [nvml.device(index) for index in range(nvml.device_count())]
+        self.uuids = {device.index: device.identity().uuid for device in devices}
+        try:
+            self._event_set = XidEventSet(devices)
+        except NotSupported:
+            return False
+        if not self._event_set.registered:
+            return False
+        self._thread.start()
+        return True
+
+    @property
+    def alive(self) -> bool:
+        """True while the thread is waiting for events."""
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        """Stop waiting and release the event set."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=_WAIT_MS / 1000 * 4)
+        if self._event_set is not None:
+            try:
+                self._event_set.free()
+            except NvmlError as error:
+                log.debug("freeing the XID event set: %s", error)
+            self._event_set = None
+
+    def _run(self) -> None:
+        assert self._event_set is not None
+        while not self._stop.is_set():
+            try:
+                event = self._event_set.wait(_WAIT_MS)
+            except NvmlError as error:
+                self.error = error
+                return
+            if event is not None:
+                log.warning("GPU %d reported XID %d", event.gpu, event.xid)
+                self._tally.add(event.gpu, event.xid)
+
+
+@register("xid", FAMILIES, scope="node")
+class XidCollector:
+    """Critical XID errors per GPU, from an NVML event thread."""
+
+    def __init__(self) -> None:
+        self._tally = XidTally()
+        self._watcher: XidWatcher | None = None
+        self._supported = True
+
+    def collect(self, read: Reader) -> Iterator[Sample]:
+        """Yield the XID counts seen by the event thread; (re)start it if it is not running."""
+        if self._watcher is not None and not self._watcher.alive:
+            # The thread died on an NVML error: report it, and start a new one below.
+            if self._watcher.error is not None:
+                read.record(self._watcher.error)
+            self._watcher.stop()
+            self._watcher = None
+        if not self._supported:
+            return
+        if self._watcher is None:
+            watcher = XidWatcher(self._tally)
+            started = read(watcher.start, what="XID event set")
+            if not started:
+                # False: this driver or these GPUs have no XID events; None: retry next cycle.
+                self._supported = started is None
+                watcher.stop()
+                return
+            self._watcher = watcher
+        counts, last = self._tally.snapshot()
+        uuids = self._watcher.uuids
+        for (gpu, xid), count in sorted(counts.items()):
+            yield Sample("gpu_xid_errors_total", count, (str(gpu), uuids.get(gpu, ""), str(xid)))
+        for gpu, uuid in sorted(uuids.items()):
+            yield Sample("gpu_last_xid_code", last.get(gpu, 0), (str(gpu), uuid))
+
+    def close(self) -> None:
+        """Stop the event thread."""
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
