@@ -1,0 +1,6 @@
+"""Alerting: the one definition of the alert thresholds and the rule files rendered from it.
+
+- :mod:`exporter.alerting.thresholds` reads and validates ``alert_rules/thresholds.yaml``.
+- :mod:`exporter.alerting.rules` builds the Prometheus recording and alerting rules from it.
+- :mod:`exporter.alerting.render` writes (or checks) the committed files in ``alert_rules/``.
+"""

@@ -1,0 +1,408 @@
+"""gpuload's Prometheus rules, built from the thresholds.
+
+Two rule files: recording rules (``level:metric:operations``) that smooth the per-second readings
+over the shared window, then the alerts, in three groups (utilization, health, the exporter).
+Every alert carries ``severity`` and the annotations ``summary``, ``description`` (the GPU, the
+instance, the node when the chart's relabelling adds one, and the measured value) and
+``runbook_url``.
+
+Optional families are handled where a fallback exists: "in use" is a process *or* memory above
+the floor; the slowdown threshold falls back to a fixed temperature; a pending page retirement
+stands in for a pending row remap on pre-Ampere GPUs. ``GPUMemoryBandwidthBound`` needs the GPM
+profiling families (Hopper and newer) and has no fallback.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from exporter.alerting.thresholds import Thresholds, duration_seconds
+
+# The labels that identify one GPU in Prometheus. The chart's `node` label, when present, is the
+# same for every series of an instance, so matching on these never splits or merges GPUs.
+GPU = "instance, job, gpu, uuid"
+# Node-level grouping that works with or without the relabelled `node` label.
+NODE = "job, instance, node"
+
+# Where an alert happened, for descriptions: "GPU 3 (GPU-uuid) on host:port (node n1)".
+WHERE = (
+    "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
+    "{{ with $labels.node }} (node {{ . }}){{ end }}"
+)
+INSTANCE = "{{ $labels.instance }}{{ with $labels.node }} (node {{ . }}){{ end }}"
+
+# The GPM profiling ratios that get a windowed average; the pipes are the arithmetic units whose
+# busiest one tells compute-bound from memory-bound work.
+GPM_RATIOS = (
+    "sm_active",
+    "sm_occupancy",
+    "tensor_active",
+    "dram_active",
+    "fp16_active",
+    "fp32_active",
+    "fp64_active",
+    "integer_active",
+)
+COMPUTE_PIPES = ("tensor", "fp16", "fp32", "fp64")
+
+Rule = dict[str, Any]
+
+
+def rule_files(thresholds: Thresholds) -> dict[str, dict[str, Any]]:
+    """Return the rule files' contents by file name, ready to dump as YAML."""
+    return {
+        "gpuload-recording.rules.yml": {"groups": [recording_group(thresholds)]},
+        "gpuload-alerts.rules.yml": {
+            "groups": [
+                {"name": "gpuload.utilization", "rules": utilization_alerts(thresholds)},
+                {"name": "gpuload.health", "rules": health_alerts(thresholds)},
+                {"name": "gpuload.exporter", "rules": exporter_alerts(thresholds)},
+            ]
+        },
+    }
+
+
+def recording_names(thresholds: Thresholds) -> dict[str, str]:
+    """Return the recorded series' names by role (they carry the window, e.g. ``avg5m``)."""
+    w = thresholds.window
+    return {
+        "avg": f"gpu:gpu_utilization_ratio:avg{w}",
+        "min": f"gpu:gpu_utilization_ratio:min{w}",
+        "max": f"gpu:gpu_utilization_ratio:max{w}",
+        "in_use": "gpu:gpu_in_use:group",
+        "memory_used": "gpu:gpu_memory_used:ratio",
+        "clock_events": f"gpu:gpu_clock_event_active:avg{w}",
+        "pipes": f"gpu:gpu_compute_pipe_active_ratio:max_avg{w}",
+        **{ratio: f"gpu:gpu_{ratio}_ratio:avg{w}" for ratio in GPM_RATIOS},
+    }
+
+
+def recording_group(thresholds: Thresholds) -> dict[str, Any]:
+    """Return the recording rules; the alerts read these instead of repeating the windows."""
+    names = recording_names(thresholds)
+    w = thresholds.window
+    floor = thresholds.in_use_memory_floor_bytes
+    pipes = "|".join(COMPUTE_PIPES)
+    rules: list[Rule] = [
+        {"record": names["avg"], "expr": f"avg_over_time(gpu_utilization_ratio[{w}])"},
+        {"record": names["min"], "expr": f"min_over_time(gpu_utilization_ratio[{w}])"},
+        {"record": names["max"], "expr": f"max_over_time(gpu_utilization_ratio[{w}])"},
+        {
+            # 1 for every GPU that has a process or holds memory above the floor. gpu_processes
+            # may be absent (older gpuload, collector off): memory alone still decides.
+            "record": names["in_use"],
+            "expr": (
+                "group without () (\n"
+                "  gpu_processes > 0\n"
+                "  or\n"
+                f"  gpu_memory_used_bytes > {floor}\n"
+                ")"
+            ),
+        },
+        {
+            "record": names["memory_used"],
+            "expr": "gpu_memory_used_bytes / gpu_memory_total_bytes",
+        },
+        {
+            # The fraction of the window each clock event reason was active.
+            "record": names["clock_events"],
+            "expr": f"avg_over_time(gpu_clock_event_active[{w}])",
+        },
+    ]
+    rules += [
+        {"record": names[ratio], "expr": f"avg_over_time(gpu_{ratio}_ratio[{w}])"}
+        for ratio in GPM_RATIOS
+    ]
+    rules.append(
+        {
+            # The busiest arithmetic pipe; whichever of them a GPU reports.
+            "record": names["pipes"],
+            "expr": f'max without () ({{__name__=~"gpu:gpu_({pipes})_active_ratio:avg{w}"}})',
+        }
+    )
+    return {"name": "gpuload.recording", "rules": rules}
+
+
+def utilization_alerts(thresholds: Thresholds) -> list[Rule]:
+    """Return the alerts about how well the GPUs are used: idle, saturated, starved, bound."""
+    names = recording_names(thresholds)
+    w = thresholds.window
+    in_use = f"and on ({GPU}) {names['in_use']}"
+    low = thresholds.alert("GPUUtilizationLow")
+    high = thresholds.alert("GPUUtilizationHigh")
+    starved = thresholds.alert("GPUDataLoaderStarved")
+    bound = thresholds.alert("GPUMemoryBandwidthBound")
+    full = thresholds.alert("GPUMemoryNearlyFull")
+    imbalance = thresholds.alert("GPULoadImbalance")
+    in_use_avg = f"{names['avg']} {in_use}"
+    return [
+        _alert(
+            thresholds,
+            "GPUUtilizationLow",
+            f"{names['avg']} < {_num(low.number('below'))}\n{in_use}",
+            "A GPU in use is mostly idle",
+            f"{WHERE} has work on it but averaged {{{{ $value | humanizePercentage }}}}"
+            f" utilization over the last {w}, below {_pct(low.number('below'))}:"
+            " it waits on something other than its own compute.",
+        ),
+        _alert(
+            thresholds,
+            "GPUUtilizationHigh",
+            f"{names['avg']} > {_num(high.number('above'))}",
+            "A GPU is saturated",
+            f"{WHERE} averaged {{{{ $value | humanizePercentage }}}} utilization over the last"
+            f" {w}, above {_pct(high.number('above'))}: it has no headroom left.",
+        ),
+        _alert(
+            thresholds,
+            "GPUDataLoaderStarved",
+            (
+                f"{names['avg']} < {_num(starved.number('average_below'))}\n"
+                f"and on ({GPU}) {names['min']} < {_num(starved.number('trough_below'))}\n"
+                f"and on ({GPU}) {names['max']} > {_num(starved.number('peak_above'))}\n"
+                f"{in_use}"
+            ),
+            "A GPU keeps waiting for its input",
+            f"{WHERE} swung between near idle (below {_pct(starved.number('trough_below'))})"
+            f" and busy (above {_pct(starved.number('peak_above'))}) over the last {w},"
+            " averaging {{ $value | humanizePercentage }}: the input pipeline does not keep up.",
+        ),
+        _alert(
+            thresholds,
+            "GPUMemoryBandwidthBound",
+            (
+                f"{names['dram_active']} > {_num(bound.number('dram_active_above'))}\n"
+                f"and on ({GPU}) {names['pipes']} < {_num(bound.number('compute_pipes_below'))}"
+            ),
+            "A GPU is limited by memory bandwidth",
+            f"{WHERE} kept its memory interface active {{{{ $value | humanizePercentage }}}}"
+            f" of the time over the last {w} while its busiest compute pipe stayed below"
+            f" {_pct(bound.number('compute_pipes_below'))}: the work is bound by memory bandwidth.",
+        ),
+        _alert(
+            thresholds,
+            "GPUMemoryNearlyFull",
+            f"{names['memory_used']} > {_num(full.number('used_above'))}",
+            "A GPU's memory is nearly full",
+            f"{WHERE} has {{{{ $value | humanizePercentage }}}} of its memory in use (above"
+            f" {_pct(full.number('used_above'))}): the next allocation peak may run out of memory.",
+        ),
+        _alert(
+            thresholds,
+            "GPULoadImbalance",
+            (
+                f"max by ({NODE}) ({in_use_avg})\n"
+                f"- min by ({NODE}) ({in_use_avg})\n"
+                f"> {_num(imbalance.number('spread_above'))}"
+            ),
+            "GPUs of one node are unevenly loaded",
+            f"The in-use GPUs on {INSTANCE} differ by {{{{ $value | humanizePercentage }}}}"
+            f" in {w} average utilization (more than"
+            f" {_points(imbalance.number('spread_above'))} points between the busiest and the"
+            " idlest): uneven batches or a straggler.",
+        ),
+    ]
+
+
+def health_alerts(thresholds: Thresholds) -> list[Rule]:
+    """Return the alerts about the hardware: heat, power, PCIe, XIDs, memory errors, lost GPUs."""
+    names = recording_names(thresholds)
+    w = thresholds.window
+    thermal = thresholds.alert("GPUThermalThrottling")
+    power = thresholds.alert("GPUPowerCapped")
+    temperature = thresholds.alert("GPUTemperatureHigh")
+    pcie = thresholds.alert("GPUPCIeLinkDegraded")
+    xid = thresholds.alert("GPUXidError")
+    ecc = thresholds.alert("GPUECCUncorrectable")
+    margin = _num(temperature.number("margin_celsius"))
+    fallback = _num(temperature.number("fallback_celsius"))
+    xids = "|".join(str(code) for code in xid.xids())
+    xid_window = xid.duration("window")
+    ecc_window = ecc.duration("window")
+    uncorrected = 'gpu_ecc_errors_total{type="uncorrected",counter="volatile"}'
+    critical_xid = f'gpu_xid_errors_total{{xid=~"{xids}"}}'
+    return [
+        _alert(
+            thresholds,
+            "GPUThermalThrottling",
+            (
+                f'max without (reason) ({names["clock_events"]}{{reason=~"sw_thermal|hw_thermal"}})'
+                f"\n> {_num(thermal.number('active_above'))}"
+            ),
+            "A GPU is slowed down by heat",
+            f"{WHERE} had its clocks cut by thermal slowdown {{{{ $value | humanizePercentage }}}}"
+            f" of the last {w}.",
+        ),
+        _alert(
+            thresholds,
+            "GPUPowerCapped",
+            (
+                f"max without (reason) ("
+                f'{names["clock_events"]}{{reason=~"sw_power_cap|hw_power_brake"}})'
+                f"\n> {_num(power.number('active_above'))}"
+            ),
+            "A GPU is held down by its power limit",
+            f"{WHERE} had its clocks held down by its power limit or an external power brake"
+            f" {{{{ $value | humanizePercentage }}}} of the last {w}.",
+        ),
+        _alert(
+            thresholds,
+            "GPUTemperatureHigh",
+            (
+                'gpu_temperature_celsius{sensor="gpu"}\n'
+                f"  > ignoring (sensor) (gpu_temperature_slowdown_threshold_celsius - {margin})\n"
+                "or\n"
+                f'(gpu_temperature_celsius{{sensor="gpu"}} > {fallback}\n'
+                "  unless ignoring (sensor) gpu_temperature_slowdown_threshold_celsius)"
+            ),
+            "A GPU is close to its slowdown temperature",
+            f"{WHERE} is at {{{{ $value | humanize }}}} °C, less than {margin} °C below its"
+            f" slowdown threshold (or above {fallback} °C where it reports none).",
+        ),
+        _alert(
+            thresholds,
+            "GPUPCIeLinkDegraded",
+            (
+                # Each generation doubles the per-lane rate (gen 3 onwards after encoding), so
+                # this is the link's bandwidth as a fraction of what it supports.
+                "2 ^ (gpu_pcie_link_generation - gpu_pcie_link_max_generation)\n"
+                "  * gpu_pcie_link_width / gpu_pcie_link_max_width\n"
+                "< 1\n"
+                f"and on ({GPU}) {names['avg']} > {_num(pcie.number('busy_above'))}"
+            ),
+            "A busy GPU's PCIe link runs below its capability",
+            f"{WHERE} is busy but its PCIe link gives {{{{ $value | humanizePercentage }}}} of"
+            " its maximum bandwidth: it trained at a lower generation or fewer lanes than"
+            " it supports.",
+        ),
+        _alert(
+            thresholds,
+            "GPUXidError",
+            (
+                f"increase({critical_xid}[{xid_window}]) > 0\n"
+                "or\n"
+                # A counter whose first sample is already non-zero: increase() cannot see it.
+                f"({critical_xid} > 0 unless {critical_xid} offset {xid_window})"
+            ),
+            "A GPU reported a critical XID error",
+            f"{WHERE} reported XID {{{{ $labels.xid }}}}"
+            f' ({{{{ $value | printf "%.0f" }}}} in the last {xid_window}):'
+            " see the runbook for what this code needs (reset, drain or service).",
+        ),
+        _alert(
+            thresholds,
+            "GPUFellOffBus",
+            "gpu_up == 0",
+            "A GPU has fallen off the bus",
+            f"{WHERE} no longer answers NVML (GPU is lost): it has fallen off the bus.",
+        ),
+        _alert(
+            thresholds,
+            "GPUECCUncorrectable",
+            (
+                f"{uncorrected} > 0\n"
+                "or\n"
+                # Where the volatile counter is missing, new errors in the aggregate one.
+                'increase(gpu_ecc_errors_total{type="uncorrected",counter="aggregate"}'
+                f"[{ecc_window}]) > 0\n"
+                f"  unless on ({GPU}) {uncorrected}"
+            ),
+            "A GPU had uncorrectable memory errors",
+            f'{WHERE} counted {{{{ $value | printf "%.0f" }}}} uncorrectable ECC errors since'
+            f" its driver was loaded (or in the last {ecc_window}).",
+        ),
+        _alert(
+            thresholds,
+            "GPURowRemapPending",
+            # Pre-Ampere GPUs retire pages instead of remapping rows: same action.
+            "gpu_row_remap_pending == 1\nor\ngpu_retired_pages_pending == 1",
+            "A GPU needs a reset to repair its memory",
+            f"{WHERE} has a memory row remapping (or page retirement) pending: it takes effect at"
+            " the next GPU reset.",
+        ),
+        _alert(
+            thresholds,
+            "GPURowRemapFailed",
+            "gpu_row_remap_failed == 1",
+            "A GPU failed to repair its memory",
+            f"{WHERE} failed to remap a memory row: it needs service.",
+        ),
+    ]
+
+
+def exporter_alerts(thresholds: Thresholds) -> list[Rule]:
+    """Return the alerts about gpuload itself: down, failing collectors, no NVML, stale data."""
+    stale = thresholds.alert("GPULoadStale")
+    max_age = duration_seconds(stale.duration("max_age"))
+    return [
+        _alert(
+            thresholds,
+            "GPULoadExporterDown",
+            f'up{{job=~"{thresholds.exporter_job_regex}"}} == 0',
+            "gpuload cannot be scraped",
+            f"Prometheus cannot scrape gpuload on {INSTANCE} (job {{{{ $labels.job }}}}):"
+            " the GPUs there are not monitored.",
+        ),
+        _alert(
+            thresholds,
+            "GPULoadCollectorFailing",
+            # With NVML down every collector fails; GPULoadNVMLDown says so once.
+            "gpuload_collector_success == 0\nunless on (instance, job) gpuload_nvml_up == 0",
+            "A gpuload collector keeps failing",
+            "The {{ $labels.collector }} collector of gpuload on"
+            f" {INSTANCE} fails: its metrics are missing or stale.",
+        ),
+        _alert(
+            thresholds,
+            "GPULoadNVMLDown",
+            "gpuload_nvml_up == 0",
+            "gpuload cannot use the NVIDIA driver",
+            f"gpuload on {INSTANCE} cannot initialise NVML: the NVIDIA driver or its library is"
+            " missing or broken, so no GPU there is monitored.",
+        ),
+        _alert(
+            thresholds,
+            "GPULoadStale",
+            (
+                "gpuload_gpu_stale == 1\n"
+                "or\n"
+                f"time() - gpuload_last_collection_timestamp_seconds > {max_age}"
+            ),
+            "gpuload serves stale data",
+            "{{ if $labels.gpu }}"
+            f"{WHERE} has NVML calls that do not return: its readings are stale."
+            "{{ else }}"
+            f"gpuload on {INSTANCE} last finished a collection"
+            " {{ $value | humanizeDuration }} ago."
+            "{{ end }}",
+        ),
+    ]
+
+
+def _alert(thresholds: Thresholds, name: str, expr: str, summary: str, description: str) -> Rule:
+    settings = thresholds.alert(name)
+    rule: Rule = {"alert": name, "expr": expr}
+    if duration_seconds(settings.for_):
+        rule["for"] = settings.for_
+    rule["labels"] = {"severity": settings.severity}
+    rule["annotations"] = {
+        "summary": summary,
+        "description": description,
+        "runbook_url": thresholds.runbook_url(name),
+    }
+    return rule
+
+
+def _num(value: float) -> str:
+    """Format a threshold for PromQL: 0.3 -> "0.3", 5.0 -> "5"."""
+    return f"{value:g}"
+
+
+def _pct(ratio: float) -> str:
+    """Format a ratio as text: 0.3 -> "30%"."""
+    return f"{ratio * 100:g}%"
+
+
+def _points(ratio: float) -> str:
+    """Format a spread of ratios as percentage points: 0.4 -> "40"."""
+    return f"{ratio * 100:g}"

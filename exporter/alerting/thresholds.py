@@ -1,0 +1,234 @@
+"""The alert thresholds: one YAML definition, read and validated into typed objects.
+
+``alert_rules/thresholds.yaml`` is the only place the numbers live. The committed rule files are
+rendered from it (:mod:`exporter.alerting.render`); the Helm chart and the local evaluator read it
+through :func:`load`, so no second copy can drift.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# The repository's alert_rules/ folder: thresholds.yaml and the rendered rule files live there.
+RULES_DIR = Path(__file__).resolve().parent.parent.parent / "alert_rules"
+DEFAULT_PATH = RULES_DIR / "thresholds.yaml"
+
+SEVERITIES = ("info", "warning", "critical")
+
+# Each alert and the parameters it takes besides `severity` and `for`, with their kinds:
+# "ratio" (0..1), "number", "duration" (a Prometheus duration) or "xids" (a list of XID codes).
+# The order is the order of the alerts in the rendered files.
+PARAMETERS: Mapping[str, Mapping[str, str]] = {
+    "GPUUtilizationLow": {"below": "ratio"},
+    "GPUUtilizationHigh": {"above": "ratio"},
+    "GPUDataLoaderStarved": {
+        "trough_below": "ratio",
+        "peak_above": "ratio",
+        "average_below": "ratio",
+    },
+    "GPUMemoryBandwidthBound": {"dram_active_above": "ratio", "compute_pipes_below": "ratio"},
+    "GPUMemoryNearlyFull": {"used_above": "ratio"},
+    "GPULoadImbalance": {"spread_above": "ratio"},
+    "GPUThermalThrottling": {"active_above": "ratio"},
+    "GPUPowerCapped": {"active_above": "ratio"},
+    "GPUTemperatureHigh": {"margin_celsius": "number", "fallback_celsius": "number"},
+    "GPUPCIeLinkDegraded": {"busy_above": "ratio"},
+    "GPUXidError": {"window": "duration", "xids": "xids"},
+    "GPUFellOffBus": {},
+    "GPUECCUncorrectable": {"window": "duration"},
+    "GPURowRemapPending": {},
+    "GPURowRemapFailed": {},
+    "GPULoadExporterDown": {},
+    "GPULoadCollectorFailing": {},
+    "GPULoadNVMLDown": {},
+    "GPULoadStale": {"max_age": "duration"},
+}
+
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
+_UNIT_SECONDS = (86400, 3600, 60, 1)
+
+
+class ThresholdsError(ValueError):
+    """The thresholds file is missing, unreadable or has a bad value; the message names the key."""
+
+
+def duration_seconds(text: str) -> int:
+    """Return the seconds in a Prometheus duration made of d/h/m/s parts (``"1h30m"`` -> 5400).
+
+    Raises:
+        ValueError: ``text`` is not such a duration.
+    """
+    match = _DURATION.match(text)
+    if not text or not match:
+        raise ValueError(f"{text!r} is not a duration like 30s, 5m or 1h")
+    return sum(
+        int(part or 0) * unit for part, unit in zip(match.groups(), _UNIT_SECONDS, strict=True)
+    )
+
+
+@dataclass(frozen=True)
+class AlertThresholds:
+    """One alert's severity, `for` duration and parameters, as the thresholds file sets them."""
+
+    name: str
+    severity: str
+    for_: str
+    parameters: Mapping[str, Any]
+
+    def number(self, key: str) -> float:
+        """Return a ratio or number parameter."""
+        return float(self.parameters[key])
+
+    def duration(self, key: str) -> str:
+        """Return a duration parameter as written (``"1h"``)."""
+        return str(self.parameters[key])
+
+    def xids(self) -> tuple[int, ...]:
+        """Return the XID codes this alert fires on."""
+        return tuple(self.parameters["xids"])
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """All alert thresholds and the settings shared by the rules."""
+
+    runbook_base_url: str
+    exporter_job_regex: str
+    in_use_memory_floor_bytes: int
+    window: str
+    alerts: Mapping[str, AlertThresholds]
+
+    def alert(self, name: str) -> AlertThresholds:
+        """Return the thresholds of the alert called ``name``."""
+        return self.alerts[name]
+
+    def runbook_url(self, name: str) -> str:
+        """Return the runbook section of alert ``name``: the base URL and its lowercase anchor."""
+        return f"{self.runbook_base_url}#{name.lower()}"
+
+
+def load(path: Path | str | None = None) -> Thresholds:
+    """Read and validate the thresholds file (default: ``alert_rules/thresholds.yaml``).
+
+    Raises:
+        ThresholdsError: the file cannot be read or a value is missing, unknown or invalid.
+    """
+    source = Path(path) if path is not None else DEFAULT_PATH
+    try:
+        document = yaml.safe_load(source.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as error:
+        raise ThresholdsError(f"cannot read thresholds file {source}: {error}") from error
+    return parse(document, origin=str(source))
+
+
+def parse(document: object, origin: str = "thresholds") -> Thresholds:
+    """Validate an already-parsed thresholds document.
+
+    Raises:
+        ThresholdsError: a value is missing, unknown or invalid; the message names its key path.
+    """
+    top = _mapping(document, origin, "")
+    _no_unknown_keys(
+        top,
+        {
+            "runbook_base_url",
+            "exporter_job_regex",
+            "in_use_memory_floor_bytes",
+            "window",
+            "alerts",
+        },
+        origin,
+        "",
+    )
+    base_url = _string(top, "runbook_base_url", origin)
+    job_regex = _string(top, "exporter_job_regex", origin)
+    try:
+        re.compile(job_regex)
+    except re.error as error:
+        raise ThresholdsError(
+            f"{origin}: exporter_job_regex: {job_regex!r} is not a regex: {error}"
+        ) from error
+    floor = top.get("in_use_memory_floor_bytes")
+    if not isinstance(floor, int) or isinstance(floor, bool) or floor < 0:
+        raise ThresholdsError(
+            f"{origin}: in_use_memory_floor_bytes: expected a whole number of bytes, got {floor!r}"
+        )
+    window = _duration(top.get("window"), origin, "window")
+    entries = _mapping(top.get("alerts"), origin, "alerts")
+    _no_unknown_keys(entries, set(PARAMETERS), origin, "alerts")
+    alerts = {}
+    for name, kinds in PARAMETERS.items():
+        if name not in entries:
+            raise ThresholdsError(f"{origin}: alerts.{name}: missing")
+        alerts[name] = _alert(name, kinds, entries[name], origin)
+    return Thresholds(base_url.rstrip("/"), job_regex, floor, window, alerts)
+
+
+def _alert(name: str, kinds: Mapping[str, str], entry: object, origin: str) -> AlertThresholds:
+    path = f"alerts.{name}"
+    fields = _mapping(entry, origin, path)
+    _no_unknown_keys(fields, {"severity", "for", *kinds}, origin, path)
+    severity = fields.get("severity")
+    if severity not in SEVERITIES:
+        raise ThresholdsError(
+            f"{origin}: {path}.severity: expected one of {', '.join(SEVERITIES)}, got {severity!r}"
+        )
+    for_ = _duration(fields.get("for"), origin, f"{path}.for")
+    parameters: dict[str, Any] = {}
+    for key, kind in kinds.items():
+        parameters[key] = _parameter(fields.get(key), kind, origin, f"{path}.{key}")
+    return AlertThresholds(name, str(severity), for_, parameters)
+
+
+def _parameter(value: object, kind: str, origin: str, path: str) -> object:
+    if kind == "duration":
+        return _duration(value, origin, path)
+    if kind == "xids":
+        if (
+            not isinstance(value, list)
+            or not value
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in value)
+        ):
+            raise ThresholdsError(f"{origin}: {path}: expected a list of XID codes, got {value!r}")
+        return tuple(value)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ThresholdsError(f"{origin}: {path}: expected a number, got {value!r}")
+    if kind == "ratio" and not 0 <= value <= 1:
+        raise ThresholdsError(f"{origin}: {path}: expected a ratio between 0 and 1, got {value!r}")
+    return value
+
+
+def _duration(value: object, origin: str, path: str) -> str:
+    text = str(value) if value is not None else ""
+    try:
+        duration_seconds(text)
+    except ValueError as error:
+        raise ThresholdsError(f"{origin}: {path}: {error}") from error
+    return text
+
+
+def _mapping(value: object, origin: str, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        where = f"{path}: " if path else ""
+        raise ThresholdsError(f"{origin}: {where}expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _string(fields: Mapping[str, Any], key: str, origin: str) -> str:
+    value = fields.get(key)
+    if not isinstance(value, str) or not value:
+        raise ThresholdsError(f"{origin}: {key}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _no_unknown_keys(fields: Mapping[str, Any], known: set[str], origin: str, path: str) -> None:
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        prefix = f"{path}." if path else ""
+        raise ThresholdsError(f"{origin}: {prefix}{unknown[0]}: unknown key")
