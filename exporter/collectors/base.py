@@ -52,6 +52,8 @@ class Reader:
     def __init__(self) -> None:
         self.errors: list[NvmlError] = []
         self.invalid: list[str] = []
+        # Why the last read gave None: an error, or None when the value is simply absent.
+        self.last_error: NvmlError | None = None
 
     def record(self, error: NvmlError) -> None:
         """Count an error that happened outside a read (e.g. in a collector's own thread)."""
@@ -61,12 +63,14 @@ class Reader:
         self, read: Callable[[], T], *, valid: Callable[[T], bool] | None = None, what: str = ""
     ) -> T | None:
         """Return `read()`, or None when the value is absent, failed or implausible."""
+        self.last_error = None
         try:
             value = read()
         except NotSupported:
             return None
         except NvmlError as error:
             self.errors.append(error)
+            self.last_error = error
             return None
         if valid is not None and not valid(value):
             self.invalid.append(f"{what or getattr(read, '__name__', 'value')}={value!r}")

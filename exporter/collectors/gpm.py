@@ -67,7 +67,10 @@ class GpmCollector:
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Take a GPM sample and yield the metrics since the previous one."""
         if self._supported is None:
-            self._supported = read(device.gpm_supported) or False
+            supported = read(device.gpm_supported)
+            if supported is None and read.last_error is not None:
+                return  # could not ask: ask again next cycle
+            self._supported = bool(supported)
         if not self._supported:
             return
         if self._sampler is None:

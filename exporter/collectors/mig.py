@@ -80,7 +80,10 @@ class MigCollector:
         self, device: Device, instances: list[MigDevice], read: Reader
     ) -> Iterator[Sample]:
         if self._gpm is None:
-            self._gpm = read(device.gpm_supported) or False
+            supported = read(device.gpm_supported)
+            if supported is None and read.last_error is not None:
+                return
+            self._gpm = bool(supported)
         if not self._gpm:
             return
         present = {instance.gpu_instance for instance in instances}

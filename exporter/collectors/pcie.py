@@ -109,7 +109,10 @@ class PcieCollector:
 
     def _traffic(self, device: Device, read: Reader) -> Iterator[Sample]:
         if self._source in (None, "fields"):
-            counters = read(partial(device.field_values, _BYTE_FIELDS)) or [None, None]
+            counters = read(partial(device.field_values, _BYTE_FIELDS))
+            if counters is None and read.last_error is not None:
+                return  # failed this time: the source is decided on a later cycle
+            counters = counters or [None, None]
             if None not in counters:
                 self._source = "fields"
                 for (_, family), value in zip(_TRAFFIC, counters, strict=True):

@@ -140,8 +140,8 @@ class XidCollector:
             watcher = XidWatcher(self._tally)
             started = read(watcher.start, what="XID event set")
             if not started:
-                # False: this driver or these GPUs have no XID events; None: retry next cycle.
-                self._supported = started is None
+                # Without an error this driver or these GPUs have no XID events at all.
+                self._supported = read.last_error is not None
                 watcher.stop()
                 return
             self._watcher = watcher
