@@ -252,8 +252,8 @@ def health_alerts(thresholds: Thresholds) -> list[Rule]:
                 'gpu_temperature_celsius{sensor="gpu"}\n'
                 f"  > ignoring (sensor) (gpu_temperature_slowdown_threshold_celsius - {margin})\n"
                 "or\n"
-                f'(gpu_temperature_celsius{{sensor="gpu"}} > {fallback}\n'
-                "  unless ignoring (sensor) gpu_temperature_slowdown_threshold_celsius)"
+                f'max without (sensor) (gpu_temperature_celsius{{sensor="gpu"}} > {fallback})\n'
+                f"  unless on ({GPU}) gpu_temperature_slowdown_threshold_celsius"
             ),
             "A GPU is close to its slowdown temperature",
             f"{WHERE} is at {{{{ $value | humanize }}}} °C, less than {margin} °C below its"

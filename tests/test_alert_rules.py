@@ -1,0 +1,130 @@
+"""The shipped rule files: rendered from the one thresholds file, valid, promtool-tested."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from exporter.alerting import render, rules, thresholds
+
+RULES_DIR = thresholds.RULES_DIR
+RULE_FILES = sorted(RULES_DIR.glob("*.rules.yml"))
+UNIT_TESTS = sorted((RULES_DIR / "tests").glob("*.test.yml"))
+
+needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing")
+
+
+def test_committed_rule_files_are_what_the_thresholds_render() -> None:
+    rendered = render.render(thresholds.load())
+    assert sorted(rendered) == [path.name for path in RULE_FILES]
+    for path in RULE_FILES:
+        assert path.read_text(encoding="utf-8") == rendered[path.name], (
+            f"{path} differs from alert_rules/thresholds.yaml: "
+            "run `.venv/bin/python -m exporter.alerting.render` and commit the result"
+        )
+
+
+def test_render_check_reports_a_stale_file(tmp_path: Path) -> None:
+    for path in RULE_FILES:
+        shutil.copy(path, tmp_path / path.name)
+    assert render.main(["--check", "--out", str(tmp_path)]) == 0
+    (tmp_path / "gpuload-alerts.rules.yml").write_text("groups: []\n", encoding="utf-8")
+    assert render.main(["--check", "--out", str(tmp_path)]) == 1
+
+
+def test_every_threshold_reaches_the_rules() -> None:
+    """Changing a threshold in the one definition changes the rendered rules."""
+    loaded = thresholds.load()
+    baseline = render.render(loaded)
+    document = yaml.safe_load(thresholds.DEFAULT_PATH.read_text(encoding="utf-8"))
+    document["alerts"]["GPUUtilizationLow"]["below"] = 0.25
+    document["alerts"]["GPUUtilizationHigh"]["for"] = "7m"
+    document["runbook_base_url"] = "https://example.org/runbooks.md"
+    changed = render.render(thresholds.parse(document))["gpuload-alerts.rules.yml"]
+    assert changed != baseline["gpuload-alerts.rules.yml"]
+    assert "gpu:gpu_utilization_ratio:avg5m < 0.25" in changed
+    assert "for: 7m" in changed
+    assert "https://example.org/runbooks.md#gpuutilizationlow" in changed
+
+
+def test_every_alert_has_severity_and_annotations() -> None:
+    loaded = thresholds.load()
+    alerts = [
+        rule
+        for group in rules.rule_files(loaded)["gpuload-alerts.rules.yml"]["groups"]
+        for rule in group["rules"]
+    ]
+    assert [rule["alert"] for rule in alerts] == list(thresholds.PARAMETERS)
+    for rule in alerts:
+        assert rule["labels"]["severity"] in thresholds.SEVERITIES
+        assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}
+        assert rule["annotations"]["runbook_url"].endswith("#" + rule["alert"].lower())
+
+
+def test_every_alert_has_a_runbook_section() -> None:
+    runbooks = (RULES_DIR.parent / "docs" / "runbooks.md").read_text(encoding="utf-8")
+    for name in thresholds.PARAMETERS:
+        assert f"\n## {name}\n" in runbooks, f"docs/runbooks.md has no section for {name}"
+
+
+def test_every_alert_has_a_promtool_unit_test() -> None:
+    tested = {
+        case["alertname"]
+        for path in UNIT_TESTS
+        for group in yaml.safe_load(path.read_text(encoding="utf-8"))["tests"]
+        for case in group.get("alert_rule_test", [])
+    }
+    assert tested == set(thresholds.PARAMETERS)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("below", 30, "alerts.GPUUtilizationLow.below: expected a ratio between 0 and 1"),
+        ("for", "5 minutes", "alerts.GPUUtilizationLow.for: '5 minutes' is not a duration"),
+        ("severity", "page", "alerts.GPUUtilizationLow.severity: expected one of"),
+        ("bellow", 0.3, "alerts.GPUUtilizationLow.bellow: unknown key"),
+    ],
+)
+def test_bad_thresholds_name_the_key(key: str, value: object, message: str) -> None:
+    document = yaml.safe_load(thresholds.DEFAULT_PATH.read_text(encoding="utf-8"))
+    document["alerts"]["GPUUtilizationLow"][key] = value
+    with pytest.raises(thresholds.ThresholdsError, match=message.replace(".", r"\.")):
+        thresholds.parse(document)
+
+
+def test_load_exposes_the_documented_defaults() -> None:
+    loaded = thresholds.load()
+    assert loaded.alert("GPUUtilizationLow").number("below") == 0.30
+    assert loaded.alert("GPUUtilizationHigh").number("above") == 0.95
+    assert loaded.alert("GPUUtilizationLow").for_ == "5m"
+    assert loaded.alert("GPULoadImbalance").number("spread_above") == 0.40
+    assert loaded.alert("GPULoadImbalance").for_ == "10m"
+    assert loaded.in_use_memory_floor_bytes == 1 << 30
+    assert thresholds.duration_seconds("1h30m") == 5400
+
+
+@needs_promtool
+@pytest.mark.parametrize("path", RULE_FILES, ids=lambda path: path.name)
+def test_promtool_check_rules(path: Path) -> None:
+    result = subprocess.run(
+        ["promtool", "check", "rules", str(path)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_promtool
+@pytest.mark.parametrize("path", UNIT_TESTS, ids=lambda path: path.name)
+def test_promtool_unit_tests(path: Path) -> None:
+    result = subprocess.run(
+        ["promtool", "test", "rules", path.name],
+        cwd=path.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
