@@ -3,17 +3,26 @@
 :class:`SimulatedGpu` turns a scenario's :class:`~exporter.sim.scenario.GpuSpec` into the numbers
 the C functions report, in NVML's own units where those are natural (bytes, degrees C, MHz) and in
 SI units otherwise (watts, joules, bytes per second); the library converts at the boundary.
-All methods are pure functions of (scenario, seed, elapsed), so the object is shared by threads.
+:class:`MigDevice` does the same for one MIG instance of a GPU in MIG mode. All methods are pure
+functions of (scenario, seed, elapsed) and the GPU's faults, so the objects are shared by threads.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from dataclasses import dataclass
 
-from exporter.sim.curves import NOISE_BUCKETS_PER_SECOND, Timeline, stable_int, unit_noise
-from exporter.sim.scenario import CLOCK_EVENT_REASONS, GpuSpec
+from exporter.sim.curves import (
+    NOISE_BUCKETS_PER_SECOND,
+    Phase,
+    Timeline,
+    ValueSpec,
+    stable_int,
+    unit_noise,
+)
+from exporter.sim.scenario import CLOCK_EVENT_REASONS, Fault, GpuSpec, MigInstanceSpec
 
 # Handles are fake pointers: a recognisable base plus a stride per GPU index, never dereferenced.
 HANDLE_BASE = 0x6E7600000000
@@ -29,7 +38,17 @@ _FRACTIONS = {
     "encoder_utilization",
     "decoder_utilization",
     "fan",
+    "sm_active",
+    "sm_occupancy",
+    "tensor_active",
+    "dram_active",
+    "fp16_active",
+    "fp32_active",
+    "fp64_active",
+    "integer_active",
 }
+
+NOT_IN_MIG = 0xFFFFFFFF  # the GPU/compute instance id of a process outside MIG
 
 
 @dataclass(frozen=True)
@@ -40,12 +59,52 @@ class RunningProcess:
     name: str
     memory: int
     kind: str
+    gpu_instance_id: int = NOT_IN_MIG
+    compute_instance_id: int = NOT_IN_MIG
+
+
+def _reading(timeline: Timeline, seed: int, key: int, metric: str, t: float) -> float:
+    """A metric's curve value at ``t`` plus its deterministic noise (not yet clamped)."""
+    phase, local = timeline.locate(t)
+    spec: ValueSpec = phase.specs[metric]
+    value = spec.clean(local)
+    if spec.noise:
+        bucket = math.floor(max(0.0, t) * NOISE_BUCKETS_PER_SECOND)
+        value += spec.noise * unit_noise(seed, key, metric, bucket)
+    return value
+
+
+def _running(
+    phase: Phase, seed: int, kind: str, offset: int, instance: int = NOT_IN_MIG
+) -> list[RunningProcess]:
+    """The processes of ``kind`` in ``phase``; ``offset`` keeps PIDs distinct across devices."""
+    running = []
+    for number, process in enumerate(phase.processes):
+        if process.kind != kind:
+            continue
+        base = process.pid or 1000 + stable_int(seed, "pid", number, process.name) % 400000
+        for k in range(process.count):
+            pid = base + offset * process.count + k
+            compute_instance = NOT_IN_MIG if instance == NOT_IN_MIG else 0
+            running.append(
+                RunningProcess(
+                    pid, process.name, int(process.memory), kind, instance, compute_instance
+                )
+            )
+    return running
 
 
 class SimulatedGpu:
     """The readings of one GPU as a function of elapsed scenario time."""
 
-    def __init__(self, spec: GpuSpec, seed: int, driver_uptime: float, reloads: tuple[float, ...]):
+    def __init__(
+        self,
+        spec: GpuSpec,
+        seed: int,
+        driver_uptime: float,
+        reloads: tuple[float, ...],
+        faults: tuple[Fault, ...] = (),
+    ):
         self.spec = spec
         self.model = spec.model
         self.index = spec.index
@@ -60,6 +119,8 @@ class SimulatedGpu:
         self.pci_device = int(rest.split(".")[0], 16)
         self._driver_uptime = driver_uptime
         self._reloads = reloads
+        self._faults = tuple(f for f in faults if f.gpu == spec.index)
+        self.mig = tuple(MigDevice(self, instance) for instance in spec.mig)
 
     def lacks(self, feature: str) -> bool:
         """Whether this GPU lacks an optional feature (see scenario.FEATURES)."""
@@ -72,13 +133,7 @@ class SimulatedGpu:
 
     def value(self, metric: str, t: float) -> float:
         """The reading of ``metric`` at ``t``: curve plus deterministic noise, within range."""
-        phase, local = self.timeline.locate(t)
-        spec = phase.specs[metric]
-        value = spec.clean(local)
-        if spec.noise:
-            bucket = math.floor(max(0.0, t) * NOISE_BUCKETS_PER_SECOND)
-            value += spec.noise * unit_noise(self.seed, self.index, metric, bucket)
-        return self._clamp(metric, value)
+        return self._clamp(metric, _reading(self.timeline, self.seed, self.index, metric, t))
 
     def _clamp(self, metric: str, value: float) -> float:
         if metric in _FRACTIONS:
@@ -123,23 +178,130 @@ class SimulatedGpu:
         return self.clean("utilization", t) > 0 or bool(phase.processes)
 
     def processes(self, t: float, kind: str) -> list[RunningProcess]:
-        """The processes of ``kind`` ("compute" or "graphics") running at ``t``."""
+        """The processes of ``kind`` ("compute" or "graphics") running at ``t``.
+
+        In MIG mode these are the processes of every instance, with their instance ids.
+        """
+        if self.mig:
+            return [p for instance in self.mig for p in instance.processes(t, kind)]
         phase, _ = self.timeline.locate(t)
-        running = []
-        for number, process in enumerate(phase.processes):
-            if process.kind != kind:
-                continue
-            base = process.pid or 1000 + stable_int(self.seed, "pid", number, process.name) % 400000
-            for k in range(process.count):
-                pid = base + self.index * process.count + k
-                running.append(RunningProcess(pid, process.name, int(process.memory), kind))
-        return running
+        return _running(phase, self.seed, kind, self.index)
 
     def memory(self, t: float) -> tuple[int, int, int, int]:
         """(total, reserved, used, free) in bytes, ``used`` excluding the reserved part."""
         total, reserved = self.model.memory_total, self.model.memory_reserved
-        used = int(self.value("memory_used", t))
+        if self.mig:
+            used = sum(instance.memory(t)[2] for instance in self.mig)
+        else:
+            used = int(self.value("memory_used", t))
         return total, reserved, used, total - reserved - used
+
+    def loaded_at(self, t: float) -> float | None:
+        """When the driver was last reloaded at or before ``t``; None if not since elapsed 0."""
+        return max((r for r in self._reloads if r <= t), default=None)
+
+    # -- NVLink ------------------------------------------------------------------------------
+
+    def link_up(self, link: int, t: float) -> bool:
+        """Whether NVLink ``link`` is active at ``t`` (not listed down, no nvlink_down fault)."""
+        if link in self.spec.nvlink_down:
+            return False
+        return not any(
+            f.kind == "nvlink_down" and f.link == link and f.active(t) for f in self._faults
+        )
+
+    def links_up(self, t: float) -> int:
+        """How many of the GPU's NVLinks are active at ``t``."""
+        return sum(self.link_up(link, t) for link in range(self.model.nvlink_links))
+
+    def link_bytes(self, metric: str, link: int, t: float) -> float:
+        """Bytes ``link`` carried since the driver was loaded (``nvlink_tx`` or ``nvlink_rx``).
+
+        The GPU's traffic is split evenly across the links that are up, so the integral is
+        taken piecewise between the moments a link goes down or comes back.
+        """
+        loaded = self.loaded_at(t)
+        start = 0.0 if loaded is None else loaded
+        total = 0.0
+        if loaded is None and self.link_up(link, 0.0) and self.links_up(0.0):
+            total = self.clean(metric, 0.0) * self._driver_uptime / self.links_up(0.0)
+        edges = {start, t}
+        for fault in self._faults:
+            if fault.kind == "nvlink_down":
+                edges |= {e for e in (fault.at, fault.until) if start < e < t}
+        ordered = sorted(edges)
+        for a, b in itertools.pairwise(ordered):
+            middle = (a + b) / 2
+            up = self.links_up(middle)
+            if up and self.link_up(link, middle):
+                span = self.timeline.integral(metric, b) - self.timeline.integral(metric, a)
+                total += span / up
+        return total
+
+    def link_errors(self, link: int, counter: int, t: float) -> int:
+        """A monotonic NVLink error counter; links start at different points of the rate."""
+        per_hour = self.spec.nvlink_errors_per_hour[counter]
+        offset = stable_int(self.seed, "nvlink", self.index, link, counter) % 1000 / 1000
+        return math.floor(per_hour * max(0.0, t) / 3600.0 + offset) if per_hour else 0
+
+    # -- memory errors -----------------------------------------------------------------------
+
+    def _ecc_faults(self, t: float) -> list[Fault]:
+        return [f for f in self._faults if f.kind == "ecc_uncorrectable" and f.at <= t]
+
+    def ecc_errors(self, uncorrected: bool, aggregate: bool, t: float) -> int:
+        """ECC error count: volatile since the driver load, aggregate over the GPU's life.
+
+        The per-hour rate counts from elapsed 0 (or the last driver reload, for the volatile
+        counter); the aggregate counter adds what the rate gave over the driver's uptime before.
+        ``ecc_uncorrectable`` faults add their count to the uncorrected counters.
+        """
+        spec = self.spec
+        rate = spec.ecc_uncorrected_per_hour if uncorrected else spec.ecc_corrected_per_hour
+        loaded = self.loaded_at(t)
+        since = 0.0 if aggregate or loaded is None else loaded
+        count = self.counter(rate, t - since)
+        if aggregate:
+            count += self.counter(rate, self._driver_uptime)
+        if uncorrected:
+            count += sum(
+                f.count
+                for f in self._ecc_faults(t)
+                if aggregate or loaded is None or f.at >= loaded
+            )
+        return count
+
+    def _reset_since(self, at: float, t: float) -> bool:
+        """Whether the driver was reloaded (the GPU reset) after ``at`` and by ``t``."""
+        return any(at < r <= t for r in self._reloads)
+
+    def remapped_rows(self, t: float) -> tuple[int, int, bool, bool]:
+        """(correctable rows, uncorrectable rows, remap pending, remap failed) at ``t``.
+
+        A pending remap is applied at the next GPU reset (the end of a driver reload).
+        """
+        rows, pending, failed = 0, False, False
+        for fault in self._ecc_faults(t):
+            outcome = fault.remap or "pending"
+            if outcome == "failed":
+                failed = True
+                continue
+            rows += fault.count
+            pending |= outcome == "pending" and not self._reset_since(fault.at, t)
+        return 0, rows, pending, failed
+
+    def retired_pages(self, t: float) -> list[tuple[int, float]]:
+        """(address, elapsed time) of the pages retired for double-bit errors by ``t``."""
+        pages = []
+        for number, fault in enumerate(self._ecc_faults(t)):
+            for k in range(fault.count):
+                frame = stable_int(self.seed, "page", self.index, number, k) % 0x7FFFFF
+                pages.append((frame * 0x1000, fault.at))
+        return pages
+
+    def retirement_pending(self, t: float) -> bool:
+        """Whether retired pages wait for a GPU reset to be blacklisted."""
+        return any(not self._reset_since(f.at, t) for f in self._ecc_faults(t))
 
     def sample_indices(self, t: float) -> range:
         """Indices ``k`` of the samples still buffered at ``t``; sample ``k`` is taken at k/6 s."""
@@ -150,3 +312,40 @@ class SimulatedGpu:
 def _uuid(seed: int, index: int) -> str:
     digest = hashlib.blake2b(f"{seed}:uuid:{index}".encode(), digest_size=16).hexdigest()
     return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
+
+
+class MigDevice:
+    """One MIG instance of a GPU in MIG mode: its handle, identity and readings."""
+
+    def __init__(self, parent: SimulatedGpu, spec: MigInstanceSpec) -> None:
+        self.parent = parent
+        self.spec = spec
+        self.slot = spec.slot
+        self.gpu_instance_id = spec.gpu_instance_id
+        self.compute_instance_id = 0
+        self.timeline = spec.timeline
+        # MIG handles sit inside their parent's handle stride, never on a multiple of it.
+        self.handle_address = parent.handle_address + 1 + spec.slot
+        self.name = f"{parent.model.name} MIG {spec.profile}"
+        digest = _uuid(parent.seed, 1000 + parent.index * 8 + spec.slot).removeprefix("GPU-")
+        self.uuid = f"MIG-{digest}"
+        self._noise_key = 1000 * (parent.index + 1) + spec.slot
+
+    def value(self, metric: str, t: float) -> float:
+        """The instance's reading of ``metric`` at ``t``."""
+        value = _reading(self.timeline, self.parent.seed, self._noise_key, metric, t)
+        if metric == "memory_used":
+            return min(float(self.spec.memory_total), max(0.0, value))
+        return self.parent._clamp(metric, value)
+
+    def processes(self, t: float, kind: str) -> list[RunningProcess]:
+        """The processes of ``kind`` in this instance at ``t``."""
+        phase, _ = self.timeline.locate(t)
+        offset = 64 * (self.parent.index + 1) + 8 * (self.slot + 1)
+        return _running(phase, self.parent.seed, kind, offset, self.gpu_instance_id)
+
+    def memory(self, t: float) -> tuple[int, int, int, int]:
+        """(total, reserved, used, free) of the instance's memory in bytes."""
+        total = self.spec.memory_total
+        used = int(self.value("memory_used", t))
+        return total, 0, used, total - used

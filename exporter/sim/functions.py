@@ -6,6 +6,9 @@ outputs as ``byref(...)`` (a CArgObject whose ``_obj`` is the target), string bu
 ``c_char`` arrays, arrays of structs for the two-call size protocols. A handler writes its outputs
 and returns an ``nvmlReturn_t``. Handlers register themselves under their C names in
 :data:`FUNCTIONS`; :class:`~exporter.sim.library.SimulatedNvml` applies faults and dispatches.
+This module holds the registry and the core device and system functions; the newer families
+(GPM, NVLink, events, memory errors, MIG) register from their own modules with :func:`device`
+and :func:`system`.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from exporter.sim.device import SAMPLES_PER_SECOND, SimulatedGpu
+from exporter.sim.device import SAMPLES_PER_SECOND, MigDevice, RunningProcess, SimulatedGpu
 
 if TYPE_CHECKING:
     from exporter.sim.library import SimulatedNvml
@@ -28,13 +31,15 @@ NOT_SUPPORTED = 3
 NOT_FOUND = 6
 INSUFFICIENT_SIZE = 7
 DRIVER_NOT_LOADED = 9
+TIMEOUT = 10
 GPU_IS_LOST = 15
+ARGUMENT_VERSION_MISMATCH = 25
 
 # nvmlValueType_t
 _UNSIGNED_INT = 1
 _UNSIGNED_LONG_LONG = 3
 
-_ALL_ONES = 2**64 - 1  # ctypes truncates it to the width of the target field
+ALL_ONES = 2**64 - 1  # ctypes truncates it to the width of the target field
 _ABSURD_TEMPERATURE = 4000
 
 _ERROR_STRINGS = {
@@ -69,19 +74,35 @@ _ERROR_STRINGS = {
 INIT_FUNCTIONS = frozenset({"nvmlInitWithFlags", "nvmlInit_v2", "nvmlInit"})
 
 
-def _int(arg: Any) -> int:
+def integer(arg: Any) -> int:
     """The integer behind a ctypes scalar or a plain Python int argument."""
     return int(arg.value) if hasattr(arg, "value") else int(arg)
 
 
-def _target(ref: Any) -> Any:
+def target(ref: Any) -> Any:
     """The object behind ``byref(x)`` (a CArgObject whose ``_obj`` is x), or ``ref`` itself."""
     return getattr(ref, "_obj", ref)
 
 
-def _put_string(buffer: Any, size: Any, text: str) -> int:
+def address(pointer: Any) -> int:
+    """The address held by a ctypes pointer argument (an opaque handle); 0 for NULL or None."""
+    if pointer is None:
+        return 0
+    return ctypes.cast(pointer, ctypes.c_void_p).value or 0
+
+
+def write_pointer(ref: Any, value: int) -> int:
+    """Store the fake address ``value`` in the pointer behind ``byref(pointer)``."""
+    pointer = target(ref)
+    raw = ctypes.c_void_p(value)
+    ctypes.memmove(ctypes.addressof(pointer), ctypes.byref(raw), ctypes.sizeof(raw))
+    return SUCCESS
+
+
+def put_string(buffer: Any, size: Any, text: str) -> int:
+    """Write ``text`` into a C string buffer of ``size`` bytes, or answer INSUFFICIENT_SIZE."""
     encoded = text.encode()
-    if len(encoded) + 1 > _int(size):
+    if len(encoded) + 1 > integer(size):
         return INSUFFICIENT_SIZE
     buffer.value = encoded
     return SUCCESS
@@ -101,6 +122,7 @@ class Call:
     t: float
     gpu: SimulatedGpu | None = None
     sentinel: bool = False
+    mig: MigDevice | None = None  # set when the handle is a MIG device's (gpu is its parent)
 
     @property
     def device(self) -> SimulatedGpu:
@@ -117,24 +139,24 @@ class Call:
         """The device's reading of ``metric`` at the call's time."""
         return self.device.value(metric, self.t)
 
-    def put(self, ref: Any, value: float, sentinel: int = _ALL_ONES) -> int:
+    def put(self, ref: Any, value: float, sentinel: int = ALL_ONES) -> int:
         """Write a measured scalar output (or its sentinel) and return SUCCESS."""
-        _target(ref).value = sentinel if self.sentinel else round(value)
+        target(ref).value = sentinel if self.sentinel else round(value)
         return SUCCESS
 
     def put_fields(self, ref: Any, **fields: float) -> int:
         """Write measured struct fields (or their sentinels) and return SUCCESS."""
-        struct = _target(ref)
+        struct = target(ref)
         for field, value in fields.items():
-            setattr(struct, field, _ALL_ONES if self.sentinel else round(value))
+            setattr(struct, field, ALL_ONES if self.sentinel else round(value))
         return SUCCESS
 
 
 Handler = Callable[..., Any]
-Locator = Callable[["SimulatedNvml", tuple[Any, ...]], "SimulatedGpu | int"]
+Locator = Callable[["SimulatedNvml", tuple[Any, ...]], "SimulatedGpu | MigDevice | int"]
 
 
-def _by_handle(sim: SimulatedNvml, args: tuple[Any, ...]) -> SimulatedGpu | int:
+def _by_handle(sim: SimulatedNvml, args: tuple[Any, ...]) -> SimulatedGpu | MigDevice | int:
     return sim.gpu_by_handle(args[0])
 
 
@@ -146,12 +168,15 @@ class Function:
     locate: Locator | None = None  # finds the GPU of a device function; None for system ones
     feature: str | None = None  # the optional GPU feature the call needs
     drop_handle: bool = True  # the handle argument is consumed by the locator
+    mig: bool = False  # accepts MIG device handles (others answer NOT_SUPPORTED for them)
 
 
 FUNCTIONS: dict[str, Function] = {}
 
 
-def _system(*names: str) -> Callable[[Handler], Handler]:
+def system(*names: str) -> Callable[[Handler], Handler]:
+    """Register a handler for system-wide C functions (no device argument)."""
+
     def register(handler: Handler) -> Handler:
         for name in names:
             FUNCTIONS[name] = Function(handler)
@@ -160,14 +185,23 @@ def _system(*names: str) -> Callable[[Handler], Handler]:
     return register
 
 
-def _device(
-    *names: str, feature: str | None = None, locate: Locator | None = None
+def device(
+    *names: str,
+    feature: str | None = None,
+    locate: Locator | None = None,
+    mig: bool = False,
+    keep_handle: bool = False,
 ) -> Callable[[Handler], Handler]:
+    """Register a handler for C functions about one device, found from their first argument.
+
+    ``locate`` replaces the handle lookup (handle-by-index and the like); ``keep_handle`` passes
+    the located argument on to the handler as well; ``mig`` lets MIG device handles through.
+    """
+
     def register(handler: Handler) -> Handler:
+        drop = locate is None and not keep_handle
         for name in names:
-            FUNCTIONS[name] = Function(
-                handler, locate or _by_handle, feature, drop_handle=locate is None
-            )
+            FUNCTIONS[name] = Function(handler, locate or _by_handle, feature, drop, mig)
         return handler
 
     return register
@@ -179,53 +213,53 @@ def _device(
 
 def error_string(code: Any) -> bytes:
     """The description nvmlErrorString returns for an nvmlReturn_t."""
-    return _ERROR_STRINGS.get(_int(code), "Unknown Error").encode()
+    return _ERROR_STRINGS.get(integer(code), "Unknown Error").encode()
 
 
-@_system("nvmlErrorString")
+@system("nvmlErrorString")
 def _error_string_handler(call: Call, code: Any) -> Any:
     return error_string(code)
 
 
-@_system("nvmlInitWithFlags", "nvmlInit_v2", "nvmlInit")
+@system("nvmlInitWithFlags", "nvmlInit_v2", "nvmlInit")
 def _init(call: Call, *flags: Any) -> int:
     return call.sim.open_session()
 
 
-@_system("nvmlShutdown")
+@system("nvmlShutdown")
 def _shutdown(call: Call) -> int:
     return call.sim.close_session()
 
 
-@_system("nvmlSystemGetDriverVersion")
+@system("nvmlSystemGetDriverVersion")
 def _driver_version(call: Call, buffer: Any, size: Any) -> int:
-    return _put_string(buffer, size, call.sim.scenario.driver.version)
+    return put_string(buffer, size, call.sim.scenario.driver.version)
 
 
-@_system("nvmlSystemGetNVMLVersion")
+@system("nvmlSystemGetNVMLVersion")
 def _nvml_version(call: Call, buffer: Any, size: Any) -> int:
-    return _put_string(buffer, size, call.sim.scenario.driver.nvml_version)
+    return put_string(buffer, size, call.sim.scenario.driver.nvml_version)
 
 
-@_system("nvmlSystemGetCudaDriverVersion", "nvmlSystemGetCudaDriverVersion_v2")
+@system("nvmlSystemGetCudaDriverVersion", "nvmlSystemGetCudaDriverVersion_v2")
 def _cuda_version(call: Call, ref: Any) -> int:
     return call.put(ref, call.sim.scenario.driver.cuda_version)
 
 
-@_system("nvmlDeviceGetCount_v2")
+@system("nvmlDeviceGetCount_v2")
 def _count(call: Call, ref: Any) -> int:
-    _target(ref).value = len(call.sim.gpus)
+    target(ref).value = len(call.sim.gpus)
     return SUCCESS
 
 
-@_system("nvmlSystemGetProcessName")
+@system("nvmlSystemGetProcessName")
 def _process_name(call: Call, pid: Any, buffer: Any, size: Any) -> int:
-    wanted = _int(pid)
+    wanted = integer(pid)
     for gpu in call.sim.gpus:
         for kind in ("compute", "graphics"):
             for process in gpu.processes(call.t, kind):
                 if process.pid == wanted:
-                    return _put_string(buffer, size, process.name)
+                    return put_string(buffer, size, process.name)
     return NOT_FOUND
 
 
@@ -234,14 +268,11 @@ def _process_name(call: Call, pid: Any, buffer: Any, size: Any) -> int:
 
 
 def _write_handle(call: Call, ref: Any) -> int:
-    pointer = _target(ref)
-    address = ctypes.c_void_p(call.device.handle_address)
-    ctypes.memmove(ctypes.addressof(pointer), ctypes.byref(address), ctypes.sizeof(address))
-    return SUCCESS
+    return write_pointer(ref, call.device.handle_address)
 
 
 def _locate_index(sim: SimulatedNvml, args: tuple[Any, ...]) -> SimulatedGpu | int:
-    index = _int(args[0])
+    index = integer(args[0])
     return sim.gpus[index] if 0 <= index < len(sim.gpus) else INVALID_ARGUMENT
 
 
@@ -253,8 +284,8 @@ def _locate_uuid(sim: SimulatedNvml, args: tuple[Any, ...]) -> SimulatedGpu | in
 def _normalise_bus_id(text: str) -> tuple[int, ...] | None:
     try:
         domain, bus, rest = text.strip().split(":")
-        device, function = rest.split(".")
-        return int(domain, 16), int(bus, 16), int(device, 16), int(function, 16)
+        slot, function = rest.split(".")
+        return int(domain, 16), int(bus, 16), int(slot, 16), int(function, 16)
     except ValueError:
         return None
 
@@ -267,9 +298,9 @@ def _locate_pci(sim: SimulatedNvml, args: tuple[Any, ...]) -> SimulatedGpu | int
     return next(matches, NOT_FOUND)
 
 
-@_device("nvmlDeviceGetHandleByIndex_v2", locate=_locate_index)
-@_device("nvmlDeviceGetHandleByUUID", locate=_locate_uuid)
-@_device("nvmlDeviceGetHandleByPciBusId_v2", locate=_locate_pci)
+@device("nvmlDeviceGetHandleByIndex_v2", locate=_locate_index)
+@device("nvmlDeviceGetHandleByUUID", locate=_locate_uuid)
+@device("nvmlDeviceGetHandleByPciBusId_v2", locate=_locate_pci)
 def _handle(call: Call, key: Any, ref: Any) -> int:
     return _write_handle(call, ref)
 
@@ -278,54 +309,55 @@ def _handle(call: Call, key: Any, ref: Any) -> int:
 # Identity
 
 
-@_device("nvmlDeviceGetIndex", "nvmlDeviceGetMinorNumber")
+@device("nvmlDeviceGetIndex", "nvmlDeviceGetMinorNumber")
 def _index(call: Call, ref: Any) -> int:
-    _target(ref).value = call.device.index
+    target(ref).value = call.device.index
     return SUCCESS
 
 
-@_device("nvmlDeviceGetName")
+@device("nvmlDeviceGetName", mig=True)
 def _name(call: Call, buffer: Any, size: Any) -> int:
-    return _put_string(buffer, size, call.device.model.name)
+    name = call.mig.name if call.mig else call.device.model.name
+    return put_string(buffer, size, name)
 
 
-@_device("nvmlDeviceGetUUID")
+@device("nvmlDeviceGetUUID", mig=True)
 def _uuid(call: Call, buffer: Any, size: Any) -> int:
-    return _put_string(buffer, size, call.device.uuid)
+    return put_string(buffer, size, call.mig.uuid if call.mig else call.device.uuid)
 
 
-@_device("nvmlDeviceGetSerial", feature="serial")
+@device("nvmlDeviceGetSerial", feature="serial")
 def _serial(call: Call, buffer: Any, size: Any) -> int:
-    return _put_string(buffer, size, call.device.serial)
+    return put_string(buffer, size, call.device.serial)
 
 
-@_device("nvmlDeviceGetVbiosVersion")
+@device("nvmlDeviceGetVbiosVersion")
 def _vbios(call: Call, buffer: Any, size: Any) -> int:
-    return _put_string(buffer, size, call.device.model.vbios)
+    return put_string(buffer, size, call.device.model.vbios)
 
 
-@_device("nvmlDeviceGetBrand")
+@device("nvmlDeviceGetBrand")
 def _brand(call: Call, ref: Any) -> int:
-    _target(ref).value = call.device.model.brand
+    target(ref).value = call.device.model.brand
     return SUCCESS
 
 
-@_device("nvmlDeviceGetArchitecture")
+@device("nvmlDeviceGetArchitecture")
 def _architecture(call: Call, ref: Any) -> int:
-    _target(ref).value = call.device.model.architecture
+    target(ref).value = call.device.model.architecture
     return SUCCESS
 
 
-@_device("nvmlDeviceGetCudaComputeCapability")
+@device("nvmlDeviceGetCudaComputeCapability")
 def _compute_capability(call: Call, major: Any, minor: Any) -> int:
-    _target(major).value, _target(minor).value = call.device.model.compute_capability
+    target(major).value, target(minor).value = call.device.model.compute_capability
     return SUCCESS
 
 
-@_device("nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2")
+@device("nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2")
 def _pci_info(call: Call, ref: Any) -> int:
     # The v3 struct has busIdLegacy and busId; the v2 layout only busId (16 bytes).
-    info, gpu = _target(ref), call.device
+    info, gpu = target(ref), call.device
     short_id = f"{gpu.pci_domain:04X}:{gpu.pci_bus:02X}:{gpu.pci_device:02X}.0".encode()
     info.busId = gpu.pci_bus_id.encode() if hasattr(info, "busIdLegacy") else short_id
     if hasattr(info, "busIdLegacy"):
@@ -340,8 +372,11 @@ def _pci_info(call: Call, ref: Any) -> int:
 # Utilization, memory, PCIe
 
 
-@_device("nvmlDeviceGetUtilizationRates")
+@device("nvmlDeviceGetUtilizationRates")
 def _utilization(call: Call, ref: Any) -> int:
+    if call.device.mig:
+        # Whole-GPU utilization does not exist in MIG mode; GPM per instance replaces it.
+        return NOT_SUPPORTED
     return call.put_fields(
         ref,
         gpu=call.value("utilization") * 100,
@@ -349,20 +384,24 @@ def _utilization(call: Call, ref: Any) -> int:
     )
 
 
-@_device("nvmlDeviceGetMemoryInfo")
+def _memory(call: Call) -> tuple[int, int, int, int]:
+    return call.mig.memory(call.t) if call.mig else call.device.memory(call.t)
+
+
+@device("nvmlDeviceGetMemoryInfo", mig=True)
 def _memory_v1(call: Call, ref: Any) -> int:
     # Version 1 counts the reserved memory as used, which is why v2 exists.
-    total, reserved, used, free = call.device.memory(call.t)
+    total, reserved, used, free = _memory(call)
     return call.put_fields(ref, total=total, free=free, used=used + reserved)
 
 
-@_device("nvmlDeviceGetMemoryInfo_v2")
+@device("nvmlDeviceGetMemoryInfo_v2", mig=True)
 def _memory_v2(call: Call, ref: Any) -> int:
-    total, reserved, used, free = call.device.memory(call.t)
+    total, reserved, used, free = _memory(call)
     return call.put_fields(ref, total=total, reserved=reserved, free=free, used=used)
 
 
-@_device("nvmlDeviceGetBAR1MemoryInfo")
+@device("nvmlDeviceGetBAR1MemoryInfo")
 def _bar1(call: Call, ref: Any) -> int:
     gpu = call.device
     processes = len(gpu.processes(call.t, "compute")) + len(gpu.processes(call.t, "graphics"))
@@ -376,10 +415,10 @@ def _scalar_device(name: str, read: Callable[[SimulatedGpu], int]) -> None:
     """Register a device function that writes one static integer."""
 
     def handler(call: Call, ref: Any) -> int:
-        _target(ref).value = read(call.device)
+        target(ref).value = read(call.device)
         return SUCCESS
 
-    _device(name)(handler)
+    device(name)(handler)
 
 
 _scalar_device("nvmlDeviceGetCurrPcieLinkGeneration", lambda g: g.model.pcie_generation)
@@ -393,18 +432,16 @@ _scalar_device("nvmlDeviceGetComputeMode", lambda g: g.spec.compute_mode)
 _scalar_device("nvmlDeviceGetDisplayActive", lambda g: int(g.spec.display_active))
 _scalar_device("nvmlDeviceGetDisplayMode", lambda g: int(g.spec.display_active))
 _scalar_device("nvmlDeviceGetNumFans", lambda g: g.model.fans)
-_scalar_device("nvmlDeviceIsMigDeviceHandle", lambda g: 0)
-_scalar_device("nvmlDeviceGetMaxMigDeviceCount", lambda g: 7 if g.model.mig_capable else 0)
 
 
-@_device("nvmlDeviceGetPcieReplayCounter", feature="pcie_replay")
+@device("nvmlDeviceGetPcieReplayCounter", feature="pcie_replay")
 def _replays(call: Call, ref: Any) -> int:
     return call.put(ref, call.device.counter(call.device.spec.pcie_replays_per_hour, call.t))
 
 
-@_device("nvmlDeviceGetPcieThroughput", feature="pcie_throughput")
+@device("nvmlDeviceGetPcieThroughput", feature="pcie_throughput")
 def _pcie_throughput(call: Call, counter: Any, ref: Any) -> int:
-    metric = {0: "pcie_tx", 1: "pcie_rx"}.get(_int(counter))
+    metric = {0: "pcie_tx", 1: "pcie_rx"}.get(integer(counter))
     if metric is None:
         return INVALID_ARGUMENT
     # NVML reports KB/s where KB is 1024 bytes.
@@ -419,17 +456,17 @@ def _temperature(call: Call, sensor: int) -> float | None:
     return call.value("temperature") if sensor == 0 else None
 
 
-@_device("nvmlDeviceGetTemperature")
+@device("nvmlDeviceGetTemperature")
 def _temperature_v1(call: Call, sensor: Any, ref: Any) -> int:
-    value = _temperature(call, _int(sensor))
+    value = _temperature(call, integer(sensor))
     if value is None:
         return INVALID_ARGUMENT
     return call.put(ref, value, sentinel=_ABSURD_TEMPERATURE)
 
 
-@_device("nvmlDeviceGetTemperatureV")
+@device("nvmlDeviceGetTemperatureV")
 def _temperature_v(call: Call, ref: Any) -> int:
-    struct = _target(ref)
+    struct = target(ref)
     value = _temperature(call, int(struct.sensorType))
     if value is None:
         return INVALID_ARGUMENT
@@ -437,13 +474,13 @@ def _temperature_v(call: Call, ref: Any) -> int:
     return SUCCESS
 
 
-@_device("nvmlDeviceGetTemperatureThreshold")
+@device("nvmlDeviceGetTemperatureThreshold")
 def _temperature_threshold(call: Call, kind: Any, ref: Any) -> int:
     model = call.device.model
     thresholds = {0: model.temp_shutdown, 1: model.temp_slowdown, 3: model.temp_gpu_max}
     if not call.device.lacks("memory_temperature"):
         thresholds[2] = model.temp_memory_max
-    value = thresholds.get(_int(kind))
+    value = thresholds.get(integer(kind))
     if value is None:
         return NOT_SUPPORTED
     return call.put(ref, value)
@@ -455,29 +492,29 @@ def _power_mw(call: Call, average: bool) -> float:
     return call.value("power") * 1000
 
 
-@_device("nvmlDeviceGetPowerUsage")
+@device("nvmlDeviceGetPowerUsage")
 def _power_usage(call: Call, ref: Any) -> int:
     # A 1 s average on Ampere (not GA100) and newer, instantaneous on older GPUs.
     return call.put(ref, _power_mw(call, call.device.model.power_reading == "average"))
 
 
-@_device("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit")
+@device("nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetPowerManagementLimit")
 def _power_limit(call: Call, ref: Any) -> int:
     return call.put(ref, call.device.model.power_limit * 1000)
 
 
-@_device("nvmlDeviceGetPowerManagementDefaultLimit")
+@device("nvmlDeviceGetPowerManagementDefaultLimit")
 def _power_default_limit(call: Call, ref: Any) -> int:
     return call.put(ref, call.device.model.power_default_limit * 1000)
 
 
-@_device("nvmlDeviceGetPowerManagementLimitConstraints")
+@device("nvmlDeviceGetPowerManagementLimitConstraints")
 def _power_constraints(call: Call, low: Any, high: Any) -> int:
     call.put(low, call.device.model.power_min_limit * 1000)
     return call.put(high, call.device.model.power_max_limit * 1000)
 
 
-@_device("nvmlDeviceGetTotalEnergyConsumption", feature="energy")
+@device("nvmlDeviceGetTotalEnergyConsumption", feature="energy")
 def _energy(call: Call, ref: Any) -> int:
     return call.put(ref, call.device.cumulative("power", call.t) * 1000)
 
@@ -489,15 +526,15 @@ def _energy(call: Call, ref: Any) -> int:
 _CLOCK_METRICS = {0: "graphics_clock", 1: "sm_clock", 2: "memory_clock", 3: "video_clock"}
 
 
-@_device("nvmlDeviceGetClockInfo")
+@device("nvmlDeviceGetClockInfo")
 def _clock(call: Call, kind: Any, ref: Any) -> int:
-    metric = _CLOCK_METRICS.get(_int(kind))
+    metric = _CLOCK_METRICS.get(integer(kind))
     if metric is None:
         return INVALID_ARGUMENT
     return call.put(ref, call.value(metric))
 
 
-@_device("nvmlDeviceGetMaxClockInfo")
+@device("nvmlDeviceGetMaxClockInfo")
 def _max_clock(call: Call, kind: Any, ref: Any) -> int:
     model = call.device.model
     maxima = {
@@ -506,13 +543,13 @@ def _max_clock(call: Call, kind: Any, ref: Any) -> int:
         2: model.max_memory_clock,
         3: model.max_video_clock,
     }
-    value = maxima.get(_int(kind))
+    value = maxima.get(integer(kind))
     if value is None:
         return INVALID_ARGUMENT
     return call.put(ref, value)
 
 
-@_device(
+@device(
     "nvmlDeviceGetCurrentClocksEventReasons",
     "nvmlDeviceGetCurrentClocksThrottleReasons",
     feature="clock_event_reasons",
@@ -521,7 +558,7 @@ def _clock_reasons(call: Call, ref: Any) -> int:
     return call.put(ref, call.device.clock_event_reasons(call.t))
 
 
-@_device(
+@device(
     "nvmlDeviceGetSupportedClocksEventReasons",
     "nvmlDeviceGetSupportedClocksThrottleReasons",
     feature="clock_event_reasons",
@@ -530,24 +567,24 @@ def _supported_clock_reasons(call: Call, ref: Any) -> int:
     return call.put(ref, 0x1FF)
 
 
-@_device("nvmlDeviceGetPerformanceState", "nvmlDeviceGetPowerState")
+@device("nvmlDeviceGetPerformanceState", "nvmlDeviceGetPowerState")
 def _pstate(call: Call, ref: Any) -> int:
-    _target(ref).value = 0 if call.device.busy(call.t) else 8
+    target(ref).value = 0 if call.device.busy(call.t) else 8
     return SUCCESS
 
 
-@_device("nvmlDeviceGetFanSpeed")
+@device("nvmlDeviceGetFanSpeed")
 def _fan(call: Call, ref: Any) -> int:
     if not call.device.model.fans:
         return NOT_SUPPORTED
     return call.put(ref, call.value("fan") * 100)
 
 
-@_device("nvmlDeviceGetFanSpeed_v2")
+@device("nvmlDeviceGetFanSpeed_v2")
 def _fan_v2(call: Call, fan: Any, ref: Any) -> int:
     if not call.device.model.fans:
         return NOT_SUPPORTED
-    if not 0 <= _int(fan) < call.device.model.fans:
+    if not 0 <= integer(fan) < call.device.model.fans:
         return INVALID_ARGUMENT
     return call.put(ref, call.value("fan") * 100)
 
@@ -555,60 +592,39 @@ def _fan_v2(call: Call, fan: Any, ref: Any) -> int:
 _CODEC_PERIOD_US = 167_000
 
 
-@_device("nvmlDeviceGetEncoderUtilization", feature="encoder")
+@device("nvmlDeviceGetEncoderUtilization", feature="encoder")
 def _encoder(call: Call, ref: Any, period: Any) -> int:
-    _target(period).value = _CODEC_PERIOD_US
+    target(period).value = _CODEC_PERIOD_US
     return call.put(ref, call.value("encoder_utilization") * 100)
 
 
-@_device("nvmlDeviceGetDecoderUtilization", feature="decoder")
+@device("nvmlDeviceGetDecoderUtilization", feature="decoder")
 def _decoder(call: Call, ref: Any, period: Any) -> int:
-    _target(period).value = _CODEC_PERIOD_US
+    target(period).value = _CODEC_PERIOD_US
     return call.put(ref, call.value("decoder_utilization") * 100)
 
 
 # ---------------------------------------------------------------------------------------------
-# ECC and MIG
+# Driver model
 
 
-@_device("nvmlDeviceGetEccMode", feature="ecc")
-def _ecc_mode(call: Call, current: Any, pending: Any) -> int:
-    _target(current).value = 1
-    _target(pending).value = 1
-    return SUCCESS
-
-
-@_device("nvmlDeviceGetTotalEccErrors", feature="ecc")
-def _ecc_errors(call: Call, error_type: Any, counter_type: Any, ref: Any) -> int:
-    spec = call.device.spec
-    rate = {0: spec.ecc_corrected_per_hour, 1: spec.ecc_uncorrected_per_hour}.get(_int(error_type))
-    if rate is None or _int(counter_type) not in (0, 1):
-        return INVALID_ARGUMENT
-    return call.put(ref, call.device.counter(rate, call.t))
-
-
-@_device("nvmlDeviceGetDriverModel", "nvmlDeviceGetDriverModel_v2")
+@device("nvmlDeviceGetDriverModel", "nvmlDeviceGetDriverModel_v2")
 def _driver_model(call: Call, current: Any, pending: Any) -> int:
     # WDDM/TCC driver models exist only on Windows; Linux drivers answer NOT_SUPPORTED.
     return NOT_SUPPORTED
-
-
-@_device("nvmlDeviceGetMigMode")
-def _mig_mode(call: Call, current: Any, pending: Any) -> int:
-    if not call.device.model.mig_capable:
-        return NOT_SUPPORTED
-    _target(current).value = 0
-    _target(pending).value = 0
-    return SUCCESS
 
 
 # ---------------------------------------------------------------------------------------------
 # Processes
 
 
+def _processes(call: Call, kind: str) -> list[RunningProcess]:
+    return (call.mig or call.device).processes(call.t, kind)
+
+
 def _process_list(call: Call, kind: str, count_ref: Any, infos: Any) -> int:
-    processes = call.device.processes(call.t, kind)
-    count = _target(count_ref)
+    processes = _processes(call, kind)
+    count = target(count_ref)
     capacity = count.value
     count.value = len(processes)
     if infos is None or capacity < len(processes):
@@ -616,40 +632,100 @@ def _process_list(call: Call, kind: str, count_ref: Any, infos: Any) -> int:
         return INSUFFICIENT_SIZE if processes else SUCCESS
     for slot, process in zip(infos, processes, strict=False):
         slot.pid = process.pid
-        slot.usedGpuMemory = _ALL_ONES if call.sentinel else process.memory
-        slot.gpuInstanceId = 0xFFFFFFFF  # not in a MIG instance
-        slot.computeInstanceId = 0xFFFFFFFF
+        slot.usedGpuMemory = ALL_ONES if call.sentinel else process.memory
+        slot.gpuInstanceId = process.gpu_instance_id
+        slot.computeInstanceId = process.compute_instance_id
     return SUCCESS
 
 
-@_device("nvmlDeviceGetComputeRunningProcesses_v3")
+@device("nvmlDeviceGetComputeRunningProcesses_v3", mig=True)
 def _compute_processes(call: Call, count: Any, infos: Any) -> int:
     return _process_list(call, "compute", count, infos)
 
 
-@_device("nvmlDeviceGetGraphicsRunningProcesses_v3")
+@device("nvmlDeviceGetGraphicsRunningProcesses_v3", mig=True)
 def _graphics_processes(call: Call, count: Any, infos: Any) -> int:
     return _process_list(call, "graphics", count, infos)
 
 
-@_device("nvmlDeviceGetProcessUtilization", feature="process_utilization")
-def _process_utilization(call: Call, samples: Any, count_ref: Any, last_seen: Any) -> int:
+@dataclass(frozen=True)
+class _ProcessLoad:
+    """One process's utilization sample, in percent."""
+
+    pid: int
+    stamp: int
+    sm: int
+    memory: int
+    encoder: int
+    decoder: int
+
+
+def _process_loads(call: Call, last_seen: int) -> list[_ProcessLoad] | int:
+    """Per-process utilization at the call's time, or an error code.
+
+    The GPU's utilization is split evenly across its processes; NOT_FOUND when nothing runs or
+    ``last_seen`` is not older than now.
+    """
     gpu = call.device
+    if gpu.mig:
+        return NOT_SUPPORTED  # per-process accounting is per MIG instance, not simulated
     processes = gpu.processes(call.t, "compute") + gpu.processes(call.t, "graphics")
-    if not processes or call.now_us <= _int(last_seen):
+    if not processes or call.now_us <= last_seen:
         return NOT_FOUND
-    count = _target(count_ref)
-    capacity = count.value
-    count.value = len(processes)
-    if samples is None or capacity < len(processes):
-        return INSUFFICIENT_SIZE
     share = 100.0 / len(processes)
-    for slot, process in zip(samples, processes, strict=False):
-        slot.pid, slot.timeStamp = process.pid, call.now_us
-        slot.smUtil = round(call.value("utilization") * share)
-        slot.memUtil = round(call.value("memory_utilization") * share)
-        slot.encUtil = round(call.value("encoder_utilization") * share)
-        slot.decUtil = round(call.value("decoder_utilization") * share)
+    return [
+        _ProcessLoad(
+            process.pid,
+            call.now_us,
+            round(call.value("utilization") * share),
+            round(call.value("memory_utilization") * share),
+            round(call.value("encoder_utilization") * share),
+            round(call.value("decoder_utilization") * share),
+        )
+        for process in processes
+    ]
+
+
+def _write_loads(slots: Any, loads: list[_ProcessLoad]) -> None:
+    for slot, load in zip(slots, loads, strict=False):
+        slot.pid, slot.timeStamp = load.pid, load.stamp
+        slot.smUtil, slot.memUtil = load.sm, load.memory
+        slot.encUtil, slot.decUtil = load.encoder, load.decoder
+
+
+@device("nvmlDeviceGetProcessUtilization", feature="process_utilization")
+def _process_utilization(call: Call, samples: Any, count_ref: Any, last_seen: Any) -> int:
+    loads = _process_loads(call, integer(last_seen))
+    if isinstance(loads, int):
+        return loads
+    count = target(count_ref)
+    capacity = count.value
+    count.value = len(loads)
+    if samples is None or capacity < len(loads):
+        return INSUFFICIENT_SIZE
+    _write_loads(samples, loads)
+    return SUCCESS
+
+
+_PROCESSES_UTILIZATION_INFO_V1 = 0x01000018
+
+
+@device("nvmlDeviceGetProcessesUtilizationInfo", feature="process_utilization")
+def _processes_utilization_info(call: Call, ref: Any) -> int:
+    info = target(ref)
+    if info.version != _PROCESSES_UTILIZATION_INFO_V1:
+        return ARGUMENT_VERSION_MISMATCH
+    loads = _process_loads(call, int(info.lastSeenTimeStamp))
+    if isinstance(loads, int):
+        return loads
+    capacity = info.processSamplesCount
+    info.processSamplesCount = len(loads)
+    if not info.procUtilArray or capacity < len(loads):
+        return INSUFFICIENT_SIZE
+    _write_loads(info.procUtilArray, loads)
+    for k in range(len(loads)):
+        info.procUtilArray[k].jpgUtil = 0
+        info.procUtilArray[k].ofaUtil = 0
     return SUCCESS
 
 
@@ -669,18 +745,20 @@ _SAMPLE_TYPES: dict[int, tuple[str, float, str | None]] = {
 }
 
 
-@_device("nvmlDeviceGetSamples", feature="samples")
+@device("nvmlDeviceGetSamples", feature="samples")
 def _samples(
     call: Call, sampling_type: Any, last_seen: Any, value_type: Any, count_ref: Any, samples: Any
 ) -> int:
-    kind = _SAMPLE_TYPES.get(_int(sampling_type))
+    kind = _SAMPLE_TYPES.get(integer(sampling_type))
     if kind is None:
         return INVALID_ARGUMENT
     metric, scale, feature = kind
     gpu, sim = call.device, call.sim
     if feature and gpu.lacks(feature):
         return NOT_SUPPORTED
-    seen = _int(last_seen)
+    if gpu.mig and metric in ("utilization", "memory_utilization"):
+        return NOT_SUPPORTED
+    seen = integer(last_seen)
     fresh = [
         (stamp, k)
         for k in gpu.sample_indices(call.t)
@@ -688,8 +766,8 @@ def _samples(
     ]
     if not fresh:
         return NOT_FOUND
-    _target(value_type).value = _UNSIGNED_INT
-    count = _target(count_ref)
+    target(value_type).value = _UNSIGNED_INT
+    count = target(count_ref)
     if samples is None:
         count.value = len(fresh)
         return SUCCESS
@@ -698,7 +776,7 @@ def _samples(
     for slot, (stamp, k) in zip(samples, fresh, strict=False):
         slot.timeStamp = stamp
         value = gpu.value(metric, k / SAMPLES_PER_SECOND) * scale
-        slot.sampleValue.uiVal = _ALL_ONES if call.sentinel else round(value)
+        slot.sampleValue.uiVal = ALL_ONES if call.sentinel else round(value)
     count.value = len(fresh)
     return SUCCESS
 
@@ -707,9 +785,26 @@ def _samples(
 # Field values
 
 
-def _field(call: Call, field_id: int) -> tuple[int, float] | None:
-    """(value type, value) of one field id, or None when this GPU does not support it."""
+_NVLINK_THROUGHPUT_FIELDS = {138: "nvlink_tx", 139: "nvlink_rx"}
+_NVLINK_LINK_COUNT = 91
+
+
+def _nvlink_field(gpu: SimulatedGpu, field_id: int, link: int, t: float) -> tuple[int, float] | int:
+    """NVLink fields: the link count, or a link's data throughput counter in KiB (scope = link)."""
+    if gpu.lacks("nvlink"):
+        return NOT_SUPPORTED
+    if field_id == _NVLINK_LINK_COUNT:
+        return _UNSIGNED_INT, gpu.model.nvlink_links
+    if not 0 <= link < gpu.model.nvlink_links:
+        return INVALID_ARGUMENT
+    return _UNSIGNED_LONG_LONG, gpu.link_bytes(_NVLINK_THROUGHPUT_FIELDS[field_id], link, t) / 1024
+
+
+def _field(call: Call, field_id: int, scope: int) -> tuple[int, float] | int:
+    """(value type, value) of one field id, or the error this GPU answers for it."""
     gpu, t = call.device, call.t
+    if field_id in _NVLINK_THROUGHPUT_FIELDS or field_id == _NVLINK_LINK_COUNT:
+        return _nvlink_field(gpu, field_id, scope, t)
     model = gpu.model
     power_limits = {
         187: model.power_min_limit,
@@ -729,26 +824,22 @@ def _field(call: Call, field_id: int) -> tuple[int, float] | None:
         return _UNSIGNED_INT, power_limits[field_id] * 1000
     if field_id in (197, 198) and not gpu.lacks("pcie_counters"):
         return _UNSIGNED_LONG_LONG, gpu.cumulative("pcie_tx" if field_id == 197 else "pcie_rx", t)
-    return None
+    return NOT_SUPPORTED
 
 
-@_device("nvmlDeviceGetFieldValues")
+@device("nvmlDeviceGetFieldValues")
 def _field_values(call: Call, count: Any, ref: Any) -> int:
-    values = _target(ref)
-    for slot in values[: _int(count)]:
+    values = target(ref)
+    for slot in values[: integer(count)]:
         slot.timestamp = call.now_us
         slot.latencyUsec = 0
-        field = _field(call, slot.fieldId)
-        if field is None:
+        field = _field(call, slot.fieldId, slot.scopeId)
+        if isinstance(field, int):
             # Per-field status: one unsupported field does not fail the call.
-            slot.nvmlReturn = NOT_SUPPORTED
+            slot.nvmlReturn = field
             continue
         value_type, value = field
         slot.valueType, slot.nvmlReturn = value_type, SUCCESS
         member = "uiVal" if value_type == _UNSIGNED_INT else "ullVal"
-        setattr(slot.value, member, _ALL_ONES if call.sentinel else round(value))
+        setattr(slot.value, member, ALL_ONES if call.sentinel else round(value))
     return SUCCESS
-
-
-FUNCTION_NAMES: frozenset[str] = frozenset(FUNCTIONS)
-"""Every NVML C function the simulator implements."""

@@ -18,6 +18,17 @@ getting its handle included, answers GPU_IS_LOST), ``hang`` (the call sleeps, ho
 NVML's "unavailable" all-ones value of their C type (0xFFFFFFFF for unsigned int, -1 for int,
 2**64-1 for unsigned long long), except the temperature calls, which report an absurd 4000 C.
 Process lists under a sentinel report ``usedGpuMemory`` as unavailable (pynvml turns it into None).
+
+MIG device handles (of GPUs the scenario puts in MIG mode) reach only the functions that accept
+them; the others answer NOT_SUPPORTED, and faults of the parent GPU apply to them.
+
+Latency: a call that passes the faults sleeps for its ``driver.latency`` (20 ms for
+nvmlDeviceGetPcieThroughput by default) before its handler reads the time, holding no lock, so
+calls on other GPUs and threads overlap as they do with the real library.
+
+The C functions live in :mod:`~exporter.sim.functions` and, by family, in
+:mod:`~exporter.sim.gpm`, :mod:`~exporter.sim.nvlink`, :mod:`~exporter.sim.events`,
+:mod:`~exporter.sim.memory_errors` and :mod:`~exporter.sim.mig`; importing them registers them.
 """
 
 from __future__ import annotations
@@ -30,10 +41,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from exporter.sim.device import HANDLE_BASE, HANDLE_STRIDE, SimulatedGpu
+from exporter.sim import events, gpm, memory_errors, mig, nvlink
+from exporter.sim.device import HANDLE_BASE, HANDLE_STRIDE, MigDevice, SimulatedGpu
+from exporter.sim.events import EventSets
 from exporter.sim.functions import (
     DRIVER_NOT_LOADED,
-    FUNCTION_NAMES,
     FUNCTIONS,
     GPU_IS_LOST,
     INIT_FUNCTIONS,
@@ -45,9 +57,15 @@ from exporter.sim.functions import (
     Function,
     error_string,
 )
+from exporter.sim.gpm import GpmSamples
 from exporter.sim.scenario import Fault, Scenario
 
 __all__ = ["FUNCTION_NAMES", "CFunction", "SimulatedNvml"]
+
+_FAMILIES = (events, gpm, memory_errors, mig, nvlink)  # imported for their registrations
+
+FUNCTION_NAMES: frozenset[str] = frozenset(FUNCTIONS)
+"""Every NVML C function the simulator implements."""
 
 
 class CFunction:
@@ -97,8 +115,11 @@ class SimulatedNvml:
             f.until for f in scenario.faults if f.kind == "driver_not_loaded" and f.until < math.inf
         )
         self.gpus = [
-            SimulatedGpu(spec, self.seed, scenario.driver.uptime, reloads) for spec in scenario.gpus
+            SimulatedGpu(spec, self.seed, scenario.driver.uptime, reloads, scenario.faults)
+            for spec in scenario.gpus
         ]
+        self.gpm_samples = GpmSamples()
+        self.event_sets = EventSets(scenario.faults)
         self._functions = {
             name: CFunction(self, name) for name in FUNCTIONS if name not in scenario.driver.lacks
         }
@@ -127,14 +148,17 @@ class SimulatedNvml:
 
     # -- devices -----------------------------------------------------------------------------
 
-    def gpu_by_handle(self, handle: Any) -> SimulatedGpu | int:
-        """The GPU a handle points to, or INVALID_ARGUMENT."""
+    def gpu_by_handle(self, handle: Any) -> SimulatedGpu | MigDevice | int:
+        """The GPU or MIG device a handle points to, or INVALID_ARGUMENT."""
         address = ctypes.cast(handle, ctypes.c_void_p).value if handle is not None else None
         offset = (address or 0) - HANDLE_BASE
         index = offset // HANDLE_STRIDE - 1
-        if offset % HANDLE_STRIDE or not 0 <= index < len(self.gpus):
+        if not 0 <= index < len(self.gpus):
             return INVALID_ARGUMENT
-        return self.gpus[index]
+        gpu, slot = self.gpus[index], offset % HANDLE_STRIDE - 1
+        if slot < 0:
+            return gpu
+        return gpu.mig[slot] if slot < len(gpu.mig) else INVALID_ARGUMENT
 
     def _window(self, kind: str, gpu: SimulatedGpu | None, name: str, t: float) -> list[Fault]:
         index = gpu.index if gpu is not None else None
@@ -162,15 +186,18 @@ class SimulatedNvml:
         if name not in INIT_FUNCTIONS and name != "nvmlShutdown" and not self._sessions:
             return UNINITIALIZED
         function = FUNCTIONS[name]
-        gpu: SimulatedGpu | None = None
+        call = Call(self, name, t)
         if function.locate is not None:
             located = function.locate(self, args)
             if isinstance(located, int):
                 return located
-            gpu = located
+            if isinstance(located, MigDevice):
+                call.gpu, call.mig = located.parent, located
+            else:
+                call.gpu = located
             if function.drop_handle:
                 args = args[1:]
-        return self._run(function, Call(self, name, t, gpu), args)
+        return self._run(function, call, args)
 
     def _run(self, function: Function, call: Call, args: tuple[Any, ...]) -> int:
         """Apply the scenario's faults to one call, then run its handler."""
@@ -188,7 +215,13 @@ class SimulatedNvml:
             return errors[0].error
         if call.gpu is not None and function.feature and call.gpu.lacks(function.feature):
             return NOT_SUPPORTED
+        if call.mig is not None and not function.mig:
+            return NOT_SUPPORTED
         call.sentinel = bool(self._window("sentinel", call.gpu, call.name, call.t))
+        delay = self.scenario.driver.latency_of(call.name)
+        if delay:
+            time.sleep(delay)
+            call.t = self.elapsed()
         return function.handler(call, *args)
 
     def open_session(self) -> int:

@@ -19,6 +19,8 @@ Format (every key is optional unless marked required)::
       nvml_version: "12.550.90.07"    # default "<cuda major>.<version>"
       lacks: [nvmlDeviceGetTemperatureV]   # C functions this driver does not export
       uptime: 3d                      # time since driver load at elapsed 0 (energy counter base)
+      latency: {default: 0, nvmlDeviceGetPcieThroughput: 20ms}   # how long calls block (these
+                                      # are the defaults; see DEFAULT_LATENCY)
     gpus:                             # required
       - model: h100-sxm               # required: a key of models.yaml
         count: 8                      # entries expand to consecutive GPU indices
@@ -31,6 +33,10 @@ Format (every key is optional unless marked required)::
         compute_mode: default | exclusive_process | prohibited
         persistence_mode: true
         display_active: false
+        nvlink_down: [3]              # links that are down for the whole scenario
+        nvlink_errors_per_hour: {replay: 2, recovery: 0, crc_flit: 10, crc_data: 0, ecc_data: 0}
+        mig:                          # MIG mode with these instances (mig_capable models only)
+          - {profile: 1g.10gb, count: 7, overrides: {utilization: 0.4}}
     phases:                           # required unless every GPU entry has its own
       - name: steady
         duration: 10m                 # seconds or a duration string (ms, s, m, h, d)
@@ -38,6 +44,14 @@ Format (every key is optional unless marked required)::
         clock_event_reasons: [sw_power_cap]
         processes: [{name: python train.py, memory: 60GiB, count: 1, type: compute}]
     faults: [{kind: gpu_lost, gpu: 3, at: 60, until: 120}, ...]
+
+Fault kinds: ``gpu_lost`` (gpu), ``not_supported`` (calls), ``error`` (call, error), ``sentinel``
+(call), ``driver_not_loaded``, ``hang`` (call, seconds), ``nvlink_down`` (gpu, link) all take an
+``at``/``until`` window; ``xid`` (gpu, code) and ``ecc_uncorrectable`` (gpu, count, remap:
+pending|failed|done, default pending) happen once, at ``at``, and their effects last.
+
+Models declare the opt-in features (:data:`OPT_IN_FEATURES`) under ``features`` and their NVLink
+under ``nvlink_links``/``nvlink_version``; a GPU entry's ``lacks`` removes any feature.
 
 A value spec is a constant or a mapping ``{pattern: sawtooth|square|sine, min, max, period,
 duty (square), noise}``, ``{pattern: ramp, start, end, period, noise}`` or ``{value, noise}``.
@@ -52,7 +66,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +99,18 @@ METRICS: dict[str, str] = {
     "encoder_utilization": "fraction",
     "decoder_utilization": "fraction",
     "fan": "fraction",
+    # Activity fractions that GPM (Hopper and newer) reports; derived from utilization by default.
+    "sm_active": "fraction",
+    "sm_occupancy": "fraction",
+    "tensor_active": "fraction",
+    "dram_active": "fraction",
+    "fp16_active": "fraction",
+    "fp32_active": "fraction",
+    "fp64_active": "fraction",
+    "integer_active": "fraction",
+    # NVLink traffic of the whole GPU, split evenly across its active links.
+    "nvlink_tx": "rate",
+    "nvlink_rx": "rate",
 }
 
 _KIND_HELP = {
@@ -123,8 +149,46 @@ FEATURES: dict[str, str] = {
     "power_fields": "fields NVML_FI_DEV_POWER_AVERAGE / POWER_INSTANT",
     "samples": "nvmlDeviceGetSamples",
     "serial": "nvmlDeviceGetSerial",
-    "process_utilization": "nvmlDeviceGetProcessUtilization",
+    "process_utilization": "nvmlDeviceGetProcessUtilization and ...ProcessesUtilizationInfo",
+    "gpm": "GPM samples and metrics (Hopper and newer; declared by the model)",
+    "events": "event registration (nvmlDeviceRegisterEvents, ...GetSupportedEventTypes)",
+    "nvlink": "NVLink state, version, error counters, throughput fields (models with nvlink_links)",
+    "row_remapping": "nvmlDeviceGetRemappedRows (Ampere and newer data-centre GPUs)",
+    "retired_pages": "nvmlDeviceGetRetiredPages(_v2) and ...PendingStatus (pre-Ampere data centre)",
 }
+
+# Features a model has only when its `features` list declares them (the others it has unless its
+# `lacks` list names them). NVLink is declared by `nvlink_links` instead.
+OPT_IN_FEATURES = frozenset({"gpm", "row_remapping", "retired_pages"})
+
+# MIG profiles of the 80 GB A100 and H100: (compute slices of 7, memory slices of 8, most
+# instances). An instance gets its memory slices' share of the GPU's memory less ~2.5 % that
+# the driver keeps: a 1g.10gb instance of an A100 80GB reports 9984 MiB (9.75 GiB).
+MIG_PROFILES: dict[str, tuple[int, int, int]] = {
+    "1g.10gb": (1, 1, 7),
+    "1g.20gb": (1, 2, 4),
+    "2g.20gb": (2, 2, 3),
+    "3g.40gb": (3, 4, 2),
+    "4g.40gb": (4, 4, 1),
+    "7g.80gb": (7, 8, 1),
+}
+# GPU instance ids NVML assigns to each profile's placements, in order (nvidia-smi mig -lgi).
+_MIG_INSTANCE_IDS: dict[str, tuple[int, ...]] = {
+    "7g.80gb": (0,),
+    "4g.40gb": (1,),
+    "3g.40gb": (1, 2),
+    "2g.20gb": (3, 4, 5),
+    "1g.20gb": (3, 4, 5, 6),
+    "1g.10gb": (7, 8, 9, 10, 11, 12, 13),
+}
+_MIG_MEMORY_SHARE = 0.975
+
+NVLINK_ERROR_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data", "ecc_data")
+
+# Per-call latency of the real library: nvmlDeviceGetPcieThroughput counts bytes over a 20 ms
+# window before it returns (NVML API reference: "the throughput is sampled over a 20 ms
+# interval"), so every call blocks about that long.
+DEFAULT_LATENCY: dict[str, float] = {"nvmlDeviceGetPcieThroughput": 0.020}
 
 ARCHITECTURES = {
     "kepler": 2,
@@ -150,7 +214,20 @@ BRANDS = {
 
 COMPUTE_MODES = {"default": 0, "prohibited": 2, "exclusive_process": 3}
 
-FAULT_KINDS = ("gpu_lost", "not_supported", "error", "sentinel", "driver_not_loaded", "hang")
+FAULT_KINDS = (
+    "gpu_lost",
+    "not_supported",
+    "error",
+    "sentinel",
+    "driver_not_loaded",
+    "hang",
+    "nvlink_down",
+    "xid",
+    "ecc_uncorrectable",
+)
+# Faults that happen at one moment and leave lasting effects: they take no `until`.
+_INSTANT_FAULTS = ("xid", "ecc_uncorrectable")
+REMAP_OUTCOMES = ("pending", "failed", "done")
 
 # Bus numbers of a DGX H100's eight GPUs; further GPUs continue upwards.
 _DEFAULT_BUSES = (0x1B, 0x43, 0x52, 0x61, 0x9D, 0xC3, 0xD1, 0xDF)
@@ -216,6 +293,22 @@ class GpuModel:
     pci_subsystem_id: int
     vbios: str
     lacks: frozenset[str] = frozenset()
+    features: frozenset[str] = frozenset()
+    nvlink_links: int = 0
+    nvlink_version: int = 0
+
+
+@dataclass(frozen=True)
+class MigInstanceSpec:
+    """One MIG GPU instance (with one compute instance) of a GPU in MIG mode."""
+
+    slot: int  # index for nvmlDeviceGetMigDeviceHandleByIndex
+    profile: str
+    gpu_instance_id: int
+    compute_slices: int
+    memory_slices: int
+    memory_total: int
+    timeline: Timeline
 
 
 @dataclass(frozen=True)
@@ -234,11 +327,15 @@ class GpuSpec:
     compute_mode: int = 0
     persistence_mode: bool = True
     display_active: bool = False
+    nvlink_down: frozenset[int] = frozenset()
+    nvlink_errors_per_hour: tuple[float, ...] = (0.0,) * len(NVLINK_ERROR_COUNTERS)
+    mig: tuple[MigInstanceSpec, ...] = ()
 
     @property
     def lacks(self) -> frozenset[str]:
-        """Features this GPU does not support."""
-        return self.model.lacks
+        """Features this GPU does not support: listed under `lacks` or not declared by the model."""
+        missing = self.model.lacks | (OPT_IN_FEATURES - self.model.features)
+        return missing | {"nvlink"} if not self.model.nvlink_links else missing
 
 
 @dataclass(frozen=True)
@@ -250,6 +347,12 @@ class DriverSpec:
     nvml_version: str
     lacks: frozenset[str] = frozenset()
     uptime: float = 3 * 86400.0
+    latency: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_LATENCY))
+    default_latency: float = 0.0
+
+    def latency_of(self, name: str) -> float:
+        """Seconds a call to C function ``name`` blocks before it answers."""
+        return self.latency.get(name, self.default_latency)
 
 
 @dataclass(frozen=True)
@@ -263,6 +366,10 @@ class Fault:
     calls: frozenset[str] = frozenset()
     error: int = 0
     seconds: float = 0.0
+    link: int | None = None
+    code: int = 0
+    count: int = 0
+    remap: str = ""
 
     def active(self, t: float) -> bool:
         """Whether the fault applies at elapsed time ``t``."""
@@ -379,9 +486,16 @@ def _features(value: object, path: str) -> frozenset[str]:
     return frozenset(names)
 
 
+def _opt_in_features(value: object, path: str) -> frozenset[str]:
+    names = _list(value, path)
+    for i, name in enumerate(names):
+        _choice(name, f"{path}[{i}]", OPT_IN_FEATURES)
+    return frozenset(names)
+
+
 def _function_names(value: object, path: str) -> frozenset[str]:
     # Imported here: the library module imports this one.
-    from exporter.sim.functions import FUNCTION_NAMES
+    from exporter.sim.library import FUNCTION_NAMES
 
     names = _list(value, path)
     for i, name in enumerate(names):
@@ -570,7 +684,11 @@ _MODEL_FIELDS: dict[str, Callable[[object, str], Any]] = {
     "pci_subsystem_id": lambda v, p: _integer(v, p, 0, 0xFFFFFFFF),
     "vbios": _string,
     "lacks": _features,
+    "features": _opt_in_features,
+    "nvlink_links": lambda v, p: _integer(v, p, 0, 18),
+    "nvlink_version": lambda v, p: _integer(v, p, 0, 8),
 }
+_OPTIONAL_MODEL_FIELDS = {"lacks", "features", "nvlink_links", "nvlink_version"}
 
 
 def _compute_capability(value: object, path: str) -> tuple[int, int]:
@@ -595,7 +713,7 @@ def gpu_models() -> dict[str, GpuModel]:
     """Return the GPU profiles shipped in ``models.yaml``, keyed by profile name."""
     document = _read_yaml(MODELS_FILE)
     models = _mapping(document, "models", document.keys() if isinstance(document, dict) else ())
-    required = [key for key in _MODEL_FIELDS if key != "lacks"]
+    required = [key for key in _MODEL_FIELDS if key not in _OPTIONAL_MODEL_FIELDS]
     return {
         key: GpuModel(**_model_fields(_mapping(entry, key, _MODEL_FIELDS, required), key))
         for key, entry in models.items()
@@ -612,6 +730,11 @@ def _derive_defaults(specs: dict[str, ValueSpec], phase: Phase, model: GpuModel)
     Power, temperature, memory-controller load, PCIe traffic and fan speed follow utilization
     linearly; clocks are the model's idle clocks in phases whose utilization is a constant 0 and
     its maximum clocks otherwise; memory used is the sum of the phase's process memory.
+
+    The GPM activity fractions follow a typical mixed-precision training step: SMs are active
+    80 % of the time the GPU is busy (utilization counts any kernel running, not how many SMs it
+    keeps busy), tensor cores half of that, DRAM 90 % of the memory-controller load. NVLink
+    carries a tenth of the links' 25 GB/s per direction at full utilization (all-reduce traffic).
     """
     util = specs.setdefault("utilization", ValueSpec.constant(0.0))
     idle = util.pattern == "constant" and util.high == 0
@@ -640,6 +763,25 @@ def _derive_defaults(specs: dict[str, ValueSpec], phase: Phase, model: GpuModel)
         "video_clock", specs["sm_clock"].scaled(model.max_video_clock / model.max_sm_clock)
     )
     specs.setdefault("memory_temperature", specs["temperature"].scaled(1.0, 6.0))
+    specs.setdefault("sm_active", util.scaled(0.8))
+    sm_active = specs["sm_active"]
+    activity = {
+        "sm_occupancy": 0.5,
+        "tensor_active": 0.5,
+        "fp16_active": 0.2,
+        "fp32_active": 0.35,
+        "fp64_active": 0.01,
+        "integer_active": 0.15,
+    }
+    for metric, share in activity.items():
+        specs.setdefault(metric, sm_active.scaled(share))
+    specs.setdefault("dram_active", specs["memory_utilization"].scaled(0.9))
+    link_traffic = util.scaled(0.1 * model.nvlink_links * _NVLINK_LINK_RATE)
+    specs.setdefault("nvlink_tx", link_traffic)
+    specs.setdefault("nvlink_rx", link_traffic)
+
+
+_NVLINK_LINK_RATE = 25e9  # bytes/s per link and direction (NVLink 2, 3 and 4 alike)
 
 
 def _resolve_phase(phase: Phase, overrides: Mapping[str, Any], model: GpuModel) -> Phase:
@@ -684,6 +826,9 @@ _GPU_KEYS = {
     "compute_mode",
     "persistence_mode",
     "display_active",
+    "nvlink_down",
+    "nvlink_errors_per_hour",
+    "mig",
     *_MODEL_FIELDS,
 }
 
@@ -724,6 +869,9 @@ def _gpu_entries(
             overrides = _phase_body(raw, f"{where}.overrides")
         timeline = Timeline([_resolve_phase(p, overrides, model) for p in phases], loop)
         identity = _identity(entry, where)
+        identity.update(_nvlink_options(entry, where, model))
+        if "mig" in entry:
+            identity["mig"] = _mig(entry["mig"], f"{where}.mig", model, phases, overrides, loop)
         for _ in range(count):
             index = len(gpus)
             bus = _DEFAULT_BUSES[index] if index < len(_DEFAULT_BUSES) else 0xE0 + index
@@ -738,6 +886,82 @@ def _gpu_entries(
             )
     _check_distinct(gpus)
     return tuple(gpus)
+
+
+def _nvlink_options(entry: Mapping[str, Any], where: str, model: GpuModel) -> dict[str, Any]:
+    """Parse ``nvlink_down: [links]`` and ``nvlink_errors_per_hour: {counter: rate}``."""
+    fields: dict[str, Any] = {}
+    if "nvlink_down" in entry:
+        path = f"{where}.nvlink_down"
+        if not model.nvlink_links:
+            raise _fail(path, f"{model.name} has no NVLink")
+        links = _list(entry["nvlink_down"], path)
+        top = model.nvlink_links - 1
+        fields["nvlink_down"] = frozenset(
+            _integer(link, f"{path}[{i}]", 0, top) for i, link in enumerate(links)
+        )
+    if "nvlink_errors_per_hour" in entry:
+        path = f"{where}.nvlink_errors_per_hour"
+        rates = _mapping(entry["nvlink_errors_per_hour"], path, NVLINK_ERROR_COUNTERS)
+        fields["nvlink_errors_per_hour"] = tuple(
+            _number(rates.get(name, 0), f"{path}.{name}", 0, 1e9) for name in NVLINK_ERROR_COUNTERS
+        )
+    return fields
+
+
+def _mig(
+    value: object,
+    path: str,
+    model: GpuModel,
+    phases: tuple[Phase, ...],
+    gpu_overrides: Mapping[str, Any],
+    loop: bool,
+) -> tuple[MigInstanceSpec, ...]:
+    """Parse a GPU's MIG layout: entries ``{profile, count, overrides}`` in slot order."""
+    if not model.mig_capable:
+        raise _fail(path, f"{model.name} does not support MIG")
+    instances: list[MigInstanceSpec] = []
+    used_ids: set[int] = set()
+    compute = memory = 0
+    for i, entry in enumerate(_list(value, path)):
+        where = f"{path}[{i}]"
+        _mapping(entry, where, {"profile", "count", "overrides"}, {"profile"})
+        profile = _choice(entry["profile"], f"{where}.profile", MIG_PROFILES)
+        compute_slices, memory_slices, most = MIG_PROFILES[profile]
+        count = _integer(entry.get("count", 1), f"{where}.count", 1, most)
+        overrides = dict(gpu_overrides)
+        if "overrides" in entry:
+            raw = _mapping(entry["overrides"], f"{where}.overrides", _PHASE_BODY_KEYS)
+            overrides.update(_phase_body(raw, f"{where}.overrides"))
+        share = memory_slices * model.memory_total / 8 * _MIG_MEMORY_SHARE
+        memory_total = int(share // 2**20) * 2**20
+        # Fractions of memory in the instance's processes and specs are of its own memory.
+        instance_model = replace(model, memory_total=memory_total, memory_reserved=0)
+        timeline = Timeline([_resolve_phase(p, overrides, instance_model) for p in phases], loop)
+        for _ in range(count):
+            compute += compute_slices
+            memory += memory_slices
+            if compute > 7 or memory > 8:
+                raise _fail(
+                    where, "the instances need more than the GPU's 7 compute / 8 memory slices"
+                )
+            free = [n for n in _MIG_INSTANCE_IDS[profile] if n not in used_ids]
+            instance_id = free[0] if free else max(used_ids) + 1
+            used_ids.add(instance_id)
+            instances.append(
+                MigInstanceSpec(
+                    slot=len(instances),
+                    profile=profile,
+                    gpu_instance_id=instance_id,
+                    compute_slices=compute_slices,
+                    memory_slices=memory_slices,
+                    memory_total=memory_total,
+                    timeline=timeline,
+                )
+            )
+    if not instances:
+        raise _fail(path, "expected at least one instance")
+    return tuple(instances)
 
 
 def _identity(entry: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -777,9 +1001,10 @@ def _driver(value: object) -> DriverSpec:
     entry = _mapping(
         value,
         "driver",
-        {"version", "cuda_version", "nvml_version", "lacks", "uptime"},
+        {"version", "cuda_version", "nvml_version", "lacks", "uptime", "latency"},
         {"version", "cuda_version"},
     )
+    latency, default_latency = _latency(entry.get("latency", {}), "driver.latency")
     version = _string(entry["version"], "driver.version")
     cuda = _integer(entry["cuda_version"], "driver.cuda_version", 1000, 99999)
     return DriverSpec(
@@ -790,7 +1015,27 @@ def _driver(value: object) -> DriverSpec:
         ),
         lacks=_function_names(entry.get("lacks", []), "driver.lacks"),
         uptime=_duration(entry.get("uptime", "3d"), "driver.uptime"),
+        latency=latency,
+        default_latency=default_latency,
     )
+
+
+def _latency(value: object, path: str) -> tuple[dict[str, float], float]:
+    """Parse ``{C function name or default: duration}`` on top of :data:`DEFAULT_LATENCY`."""
+    from exporter.sim.library import FUNCTION_NAMES
+
+    entry = _mapping(value, path, {"default", *FUNCTION_NAMES})
+    latency = dict(DEFAULT_LATENCY)
+    default = 0.0
+    for key, raw in entry.items():
+        seconds = _duration(raw, f"{path}.{key}")
+        if seconds > 60:
+            raise _fail(f"{path}.{key}", "expected at most 60 seconds")
+        if key == "default":
+            default = seconds
+        else:
+            latency[key] = seconds
+    return latency, default
 
 
 _FAULT_KEYS: dict[str, tuple[set[str], set[str]]] = {
@@ -800,6 +1045,9 @@ _FAULT_KEYS: dict[str, tuple[set[str], set[str]]] = {
     "sentinel": ({"gpu", "call"}, {"call"}),
     "driver_not_loaded": (set(), set()),
     "hang": ({"gpu", "call", "seconds"}, {"call", "seconds"}),
+    "nvlink_down": ({"gpu", "link"}, {"gpu", "link"}),
+    "xid": ({"gpu", "code"}, {"gpu", "code"}),
+    "ecc_uncorrectable": ({"gpu", "count", "remap"}, {"gpu", "count"}),
 }
 
 
@@ -814,7 +1062,25 @@ def _error_code(value: object, path: str) -> int:
     return code
 
 
-def _faults(value: object, gpu_count: int) -> tuple[Fault, ...]:
+def _fault_details(entry: Mapping[str, Any], where: str, gpu: GpuSpec | None) -> dict[str, Any]:
+    """Parse the keys of the NVLink, XID and ECC fault kinds."""
+    details: dict[str, Any] = {}
+    if "link" in entry:
+        links = gpu.model.nvlink_links if gpu is not None else 0
+        if not links:
+            raise _fail(f"{where}.link", "this GPU has no NVLink")
+        details["link"] = _integer(entry["link"], f"{where}.link", 0, links - 1)
+    if "code" in entry:
+        details["code"] = _integer(entry["code"], f"{where}.code", 1, 1023)
+    if "count" in entry:
+        details["count"] = _integer(entry["count"], f"{where}.count", 1, 10**6)
+    if "remap" in entry:
+        details["remap"] = _choice(entry["remap"], f"{where}.remap", REMAP_OUTCOMES)
+    return details
+
+
+def _faults(value: object, gpus: tuple[GpuSpec, ...]) -> tuple[Fault, ...]:
+    gpu_count = len(gpus)
     faults = []
     for i, entry in enumerate(_list(value, "faults")):
         where = f"faults[{i}]"
@@ -822,14 +1088,14 @@ def _faults(value: object, gpu_count: int) -> tuple[Fault, ...]:
             raise _fail(where, "expected a mapping")
         kind = _choice(entry.get("kind"), f"{where}.kind", FAULT_KINDS)
         allowed, required = _FAULT_KEYS[kind]
-        _mapping(entry, where, {"kind", "at", "until", *allowed}, required)
+        window = set() if kind in _INSTANT_FAULTS else {"until"}
+        _mapping(entry, where, {"kind", "at", *window, *allowed}, required)
+        gpu = _integer(entry["gpu"], f"{where}.gpu", 0, gpu_count - 1) if "gpu" in entry else None
         fault = Fault(
             kind=kind,
             at=_duration(entry.get("at", 0), f"{where}.at"),
             until=_duration(entry["until"], f"{where}.until") if "until" in entry else math.inf,
-            gpu=_integer(entry["gpu"], f"{where}.gpu", 0, gpu_count - 1)
-            if "gpu" in entry
-            else None,
+            gpu=gpu,
             calls=_function_names(
                 entry.get("calls", [entry["call"]] if "call" in entry else []), f"{where}.call"
             ),
@@ -837,6 +1103,7 @@ def _faults(value: object, gpu_count: int) -> tuple[Fault, ...]:
             seconds=_number(entry["seconds"], f"{where}.seconds", 0, 3600)
             if "seconds" in entry
             else 0.0,
+            **_fault_details(entry, where, gpus[gpu] if gpu is not None else None),
         )
         if fault.until <= fault.at:
             raise _fail(f"{where}.until", "must be later than 'at'")
@@ -860,7 +1127,7 @@ def parse_scenario(document: object, default_name: str = "scenario") -> Scenario
         loop=loop,
         driver=_driver(entry["driver"]),
         gpus=gpus,
-        faults=_faults(entry.get("faults", []), len(gpus)),
+        faults=_faults(entry.get("faults", []), gpus),
     )
 
 

@@ -26,6 +26,26 @@ def _never(gpu: GpuSpec) -> bool:
     return False
 
 
+def _always(gpu: GpuSpec) -> bool:
+    return True
+
+
+def _in_mig_mode(gpu: GpuSpec) -> bool:
+    return bool(gpu.mig)
+
+
+def _lacks_samples_or_mig(gpu: GpuSpec) -> bool:
+    return "samples" in gpu.lacks or bool(gpu.mig)
+
+
+def _gpm_sample(handle: Any) -> None:
+    sample = pynvml.nvmlGpmSampleAlloc()
+    try:
+        pynvml.nvmlGpmSampleGet(handle, sample)
+    finally:
+        pynvml.nvmlGpmSampleFree(sample)
+
+
 # (C function pynvml calls, the public pynvml call, when the GPU answers NOT_SUPPORTED)
 DEVICE_CALLS: list[tuple[str, Call, Unsupported]] = [
     ("nvmlDeviceGetIndex", pynvml.nvmlDeviceGetIndex, _never),
@@ -38,7 +58,7 @@ DEVICE_CALLS: list[tuple[str, Call, Unsupported]] = [
     ("nvmlDeviceGetArchitecture", pynvml.nvmlDeviceGetArchitecture, _never),
     ("nvmlDeviceGetCudaComputeCapability", pynvml.nvmlDeviceGetCudaComputeCapability, _never),
     ("nvmlDeviceGetPciInfo_v3", pynvml.nvmlDeviceGetPciInfo, _never),
-    ("nvmlDeviceGetUtilizationRates", pynvml.nvmlDeviceGetUtilizationRates, _never),
+    ("nvmlDeviceGetUtilizationRates", pynvml.nvmlDeviceGetUtilizationRates, _in_mig_mode),
     ("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo, _never),
     (
         "nvmlDeviceGetMemoryInfo_v2",
@@ -181,13 +201,77 @@ DEVICE_CALLS: list[tuple[str, Call, Unsupported]] = [
     (
         "nvmlDeviceGetSamples",
         lambda h: pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0),
-        _lacks("samples"),
+        _lacks_samples_or_mig,
     ),
     (
         "nvmlDeviceGetSamples",
         lambda h: pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, 0),
-        _lacks("samples"),
+        _lacks_samples_or_mig,
     ),
+    ("nvmlGpmQueryDeviceSupport", pynvml.nvmlGpmQueryDeviceSupport, _never),
+    ("nvmlGpmSampleGet", _gpm_sample, _lacks("gpm")),
+    ("nvmlDeviceGetNvLinkState", lambda h: pynvml.nvmlDeviceGetNvLinkState(h, 0), _lacks("nvlink")),
+    (
+        "nvmlDeviceGetNvLinkVersion",
+        lambda h: pynvml.nvmlDeviceGetNvLinkVersion(h, 0),
+        _lacks("nvlink"),
+    ),
+    (
+        "nvmlDeviceGetNvLinkErrorCounter",
+        lambda h: pynvml.nvmlDeviceGetNvLinkErrorCounter(h, 0, pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
+        _lacks("nvlink"),
+    ),
+    ("nvmlDeviceGetSupportedEventTypes", pynvml.nvmlDeviceGetSupportedEventTypes, _lacks("events")),
+    ("nvmlDeviceGetRemappedRows", pynvml.nvmlDeviceGetRemappedRows, _lacks("row_remapping")),
+    (
+        "nvmlDeviceGetRetiredPages",
+        lambda h: pynvml.nvmlDeviceGetRetiredPages(
+            h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+        ),
+        _lacks("retired_pages"),
+    ),
+    (
+        "nvmlDeviceGetRetiredPages_v2",
+        lambda h: pynvml.nvmlDeviceGetRetiredPages_v2(
+            h, pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+        ),
+        _lacks("retired_pages"),
+    ),
+    (
+        "nvmlDeviceGetRetiredPagesPendingStatus",
+        pynvml.nvmlDeviceGetRetiredPagesPendingStatus,
+        _lacks("retired_pages"),
+    ),
+    # On a whole GPU (not a MIG device handle) these answer NOT_SUPPORTED.
+    ("nvmlDeviceGetGpuInstanceId", pynvml.nvmlDeviceGetGpuInstanceId, _always),
+    ("nvmlDeviceGetComputeInstanceId", pynvml.nvmlDeviceGetComputeInstanceId, _always),
+    ("nvmlDeviceGetAttributes_v2", pynvml.nvmlDeviceGetAttributes_v2, _always),
+    (
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle,
+        _always,
+    ),
+]
+
+# Calls that MIG device handles answer.
+MIG_CALLS: list[tuple[str, Call]] = [
+    ("nvmlDeviceGetName", pynvml.nvmlDeviceGetName),
+    ("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID),
+    ("nvmlDeviceGetMemoryInfo", pynvml.nvmlDeviceGetMemoryInfo),
+    (
+        "nvmlDeviceGetMemoryInfo_v2",
+        lambda h: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2),
+    ),
+    ("nvmlDeviceIsMigDeviceHandle", pynvml.nvmlDeviceIsMigDeviceHandle),
+    ("nvmlDeviceGetGpuInstanceId", pynvml.nvmlDeviceGetGpuInstanceId),
+    ("nvmlDeviceGetComputeInstanceId", pynvml.nvmlDeviceGetComputeInstanceId),
+    ("nvmlDeviceGetAttributes_v2", pynvml.nvmlDeviceGetAttributes_v2),
+    (
+        "nvmlDeviceGetDeviceHandleFromMigDeviceHandle",
+        pynvml.nvmlDeviceGetDeviceHandleFromMigDeviceHandle,
+    ),
+    ("nvmlDeviceGetComputeRunningProcesses_v3", pynvml.nvmlDeviceGetComputeRunningProcesses),
+    ("nvmlDeviceGetGraphicsRunningProcesses_v3", pynvml.nvmlDeviceGetGraphicsRunningProcesses),
 ]
 
 SYSTEM_CALLS: list[tuple[str, Callable[[], Any]]] = [
@@ -236,6 +320,10 @@ def test_every_function_answers_on_every_gpu(scenario_name: str) -> None:
             _expect(name, device_call, (handle,), unsupported(gpu), lacks)
         for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
             assert pynvml.nvmlSystemGetProcessName(process.pid)
+        for slot in range(len(gpu.mig)):
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            for name, mig_call in MIG_CALLS:
+                _expect(name, mig_call, (mig,), False, lacks)
         uuid = pynvml.nvmlDeviceGetUUID(handle)
         bus_id = pynvml.nvmlDeviceGetPciInfo(handle).busId
         assert pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(uuid)) == gpu.index
@@ -267,9 +355,33 @@ def _call_ignoring_errors(call: Callable[..., Any], *args: Any) -> None:
         call(*args)
 
 
+def _gpm_metrics(handle: Any) -> None:
+    samples = [pynvml.nvmlGpmSampleAlloc() for _ in range(2)]
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version, request.numMetrics = pynvml.NVML_GPM_METRICS_GET_VERSION, 0
+    request.sample1, request.sample2 = samples
+    _call_ignoring_errors(pynvml.nvmlGpmMigSampleGet, handle, 0, samples[0])
+    _call_ignoring_errors(pynvml.nvmlGpmMetricsGet, request)
+    for sample in samples:
+        pynvml.nvmlGpmSampleFree(sample)
+
+
+def _exercise_newer_families(handle: Any) -> None:
+    """Reach the event, GPM-metrics and MIG functions that the table does not call."""
+    event_set = pynvml.nvmlEventSetCreate()
+    _call_ignoring_errors(
+        pynvml.nvmlDeviceRegisterEvents, handle, pynvml.nvmlEventTypeXidCriticalError, event_set
+    )
+    _call_ignoring_errors(pynvml.nvmlEventSetWait_v2, event_set, 0)
+    pynvml.nvmlEventSetFree(event_set)
+    _call_ignoring_errors(_gpm_metrics, handle)
+    _call_ignoring_errors(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, 0)
+    _call_ignoring_errors(pynvml.nvmlDeviceGetProcessesUtilizationInfo, handle, 0)
+
+
 def test_all_simulated_functions_are_exercised() -> None:
     exercised: set[str] = set()
-    for scenario_name in ("training", "mixed", "idle"):
+    for scenario_name in ("training", "mixed", "idle", "legacy-v100"):
         sim = install(scenario_name, pinned_time=100.0)
         pynvml.nvmlInit()
         for _, system_call in SYSTEM_CALLS:
@@ -283,6 +395,7 @@ def test_all_simulated_functions_are_exercised() -> None:
             for _, device_call, _ in DEVICE_CALLS:
                 _call_ignoring_errors(device_call, handle)
             _call_ignoring_errors(pynvml.nvmlDeviceGetProcessUtilization, handle, 0)
+            _exercise_newer_families(handle)
         pynvml.nvmlErrorString(pynvml.NVML_ERROR_GPU_IS_LOST)
         pynvml.nvmlShutdown()
         exercised |= set(sim.calls)
@@ -302,7 +415,7 @@ def test_unknown_function_is_absent() -> None:
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     with pytest.raises(pynvml.NVMLError_FunctionNotFound):
-        pynvml.nvmlDeviceGetNvLinkState(handle, 0)
+        pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, 0)
 
 
 def test_error_strings_come_from_the_library() -> None:

@@ -1,0 +1,192 @@
+"""Simulated NVML events: event sets, registration and waiting for XID errors.
+
+The scenario's ``xid`` faults (gpu, at, code) are critical XID events and its
+``ecc_uncorrectable`` faults double-bit ECC events. An event set delivers each event of the GPUs
+and types registered with it once, in time order, as soon as the scenario time reaches it: with a
+real-time clock the event arrives when its time comes; with a pinned or hand-moved clock every
+event at or before the current time that the set has not delivered yet arrives on the next wait.
+A set sees its GPUs' events from elapsed 0, as if it had been registered when the scenario
+started, so a pinned clock still shows past events.
+
+nvmlEventSetWait_v2 polls every few milliseconds without holding any lock other calls need and
+answers NVML_ERROR_TIMEOUT once ``timeout_ms`` of real time has passed with nothing to deliver,
+so a thread blocked in it returns within its timeout and can be stopped.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.sim.functions import (
+    INVALID_ARGUMENT,
+    NOT_SUPPORTED,
+    SUCCESS,
+    TIMEOUT,
+    Call,
+    address,
+    device,
+    integer,
+    system,
+    target,
+    write_pointer,
+)
+from exporter.sim.scenario import Fault
+
+# nvmlEventType bits
+SINGLE_BIT_ECC = 0x1
+DOUBLE_BIT_ECC = 0x2
+PSTATE = 0x4
+XID_CRITICAL_ERROR = 0x8
+CLOCK = 0x10
+
+_NOT_IN_MIG = 0xFFFFFFFF
+_POLL_SECONDS = 0.005
+
+_SET_BASE = 0x6E7800000000
+_SET_STRIDE = 0x40
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event of the scenario: when, on which GPU, its type and its data (the XID)."""
+
+    at: float
+    gpu: int
+    kind: int
+    data: int
+
+
+@dataclass
+class _EventSet:
+    masks: dict[int, int] = field(default_factory=dict)  # GPU index -> registered types
+    delivered: set[Event] = field(default_factory=set)
+
+
+def scenario_events(faults: tuple[Fault, ...]) -> list[Event]:
+    """The events a scenario's faults raise, in time order (then GPU order)."""
+    events = []
+    for fault in faults:
+        if fault.gpu is None:
+            continue
+        if fault.kind == "xid":
+            events.append(Event(fault.at, fault.gpu, XID_CRITICAL_ERROR, fault.code))
+        elif fault.kind == "ecc_uncorrectable":
+            events.append(Event(fault.at, fault.gpu, DOUBLE_BIT_ECC, 0))
+    return sorted(events, key=lambda e: (e.at, e.gpu, e.kind, e.data))
+
+
+class EventSets:
+    """The event sets created on one simulated library, thread-safe."""
+
+    def __init__(self, faults: tuple[Fault, ...]) -> None:
+        self.events = scenario_events(faults)
+        self._lock = threading.Lock()
+        self._sets: dict[int, _EventSet] = {}
+        self._created = 0
+
+    @property
+    def open(self) -> int:
+        """How many event sets exist (created and not freed)."""
+        with self._lock:
+            return len(self._sets)
+
+    def create(self) -> int:
+        """Create an empty event set and return its address."""
+        with self._lock:
+            self._created += 1
+            handle = _SET_BASE + self._created * _SET_STRIDE
+            self._sets[handle] = _EventSet()
+        return handle
+
+    def free(self, handle: int) -> bool:
+        """Free an event set; False when it does not exist."""
+        with self._lock:
+            return self._sets.pop(handle, None) is not None
+
+    def register(self, handle: int, gpu: int, kinds: int) -> bool:
+        """Add event types of one GPU to a set; False when the set does not exist."""
+        with self._lock:
+            event_set = self._sets.get(handle)
+            if event_set is None:
+                return False
+            event_set.masks[gpu] = event_set.masks.get(gpu, 0) | kinds
+        return True
+
+    def take(self, handle: int, now: float) -> Event | bool | None:
+        """The set's next undelivered event at or before ``now`` (marked delivered).
+
+        Returns None when there is none yet and False when the set does not exist.
+        """
+        with self._lock:
+            event_set = self._sets.get(handle)
+            if event_set is None:
+                return False
+            for event in self.events:
+                if event.at > now:
+                    break
+                wanted = event_set.masks.get(event.gpu, 0) & event.kind
+                if wanted and event not in event_set.delivered:
+                    event_set.delivered.add(event)
+                    return event
+        return None
+
+
+def _supported(call: Call) -> int:
+    kinds = XID_CRITICAL_ERROR | PSTATE | CLOCK
+    return kinds if call.device.lacks("ecc") else kinds | SINGLE_BIT_ECC | DOUBLE_BIT_ECC
+
+
+@system("nvmlEventSetCreate")
+def _create(call: Call, ref: Any) -> int:
+    return write_pointer(ref, call.sim.event_sets.create())
+
+
+@system("nvmlEventSetFree")
+def _free(call: Call, handle: Any) -> int:
+    return SUCCESS if call.sim.event_sets.free(address(handle)) else INVALID_ARGUMENT
+
+
+@device("nvmlDeviceGetSupportedEventTypes", feature="events")
+def _supported_types(call: Call, ref: Any) -> int:
+    target(ref).value = _supported(call)
+    return SUCCESS
+
+
+@device("nvmlDeviceRegisterEvents", feature="events")
+def _register(call: Call, kinds: Any, handle: Any) -> int:
+    wanted = integer(kinds)
+    if wanted & ~_supported(call):
+        return NOT_SUPPORTED
+    registered = call.sim.event_sets.register(address(handle), call.device.index, wanted)
+    return SUCCESS if registered else INVALID_ARGUMENT
+
+
+@system("nvmlEventSetWait_v2")
+def _wait(call: Call, handle: Any, ref: Any, timeout_ms: Any) -> int:
+    sets, sim = call.sim.event_sets, call.sim
+    deadline = time.monotonic() + integer(timeout_ms) / 1000
+    while True:
+        event = sets.take(address(handle), sim.elapsed())
+        if event is False:
+            return INVALID_ARGUMENT
+        if isinstance(event, Event):
+            return _write_event(call, ref, event)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return TIMEOUT
+        time.sleep(min(_POLL_SECONDS, remaining))
+
+
+def _write_event(call: Call, ref: Any, event: Event) -> int:
+    data = target(ref)
+    handle_type = dict(data._fields_)["device"]
+    data.device = ctypes.cast(ctypes.c_void_p(call.sim.gpus[event.gpu].handle_address), handle_type)
+    data.eventType = event.kind
+    data.eventData = event.data
+    data.gpuInstanceId = _NOT_IN_MIG
+    data.computeInstanceId = _NOT_IN_MIG
+    return SUCCESS
