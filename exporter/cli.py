@@ -10,6 +10,7 @@ from typing import Any
 
 from exporter import __version__, config
 from exporter.collectors import REGISTRY
+from exporter.relay import cli as relay_cli
 
 # Command-line flag -> configuration key path.
 _SERVE_FLAGS = {
@@ -104,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     _serve_parser(subparsers)
     _sim_parser(subparsers)
+    relay_cli.add_parser(subparsers)
     subparsers.add_parser("collectors", help="list the collectors and their metric families")
     return parser
 
@@ -180,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "sim":
         return _sim(args)
+    if args.command == "relay":
+        return relay_cli.run(args)
     return _collectors()
 
 

@@ -1,0 +1,608 @@
+"""The relay's configuration: one typed object from defaults < file < env < flags.
+
+Scalar settings have a dotted key path (``queue.max_age``); the YAML file nests
+by it, the environment spells it ``GPULOAD_RELAY_QUEUE_MAX_AGE`` and the command
+line ``--queue.max-age``. ``targets`` and ``route`` are structures and come from
+the file only. Secrets (webhook URLs, signing secrets, routing keys, inbound
+credentials) are read from a file (``url_file``) or an environment variable
+(``url_env``) and never printed. Every error names the key path.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import zoneinfo
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from exporter.config import ConfigError, parse_bool, parse_duration, parse_listen_address
+from exporter.relay.routes import Route, parse_matcher
+
+ENV_PREFIX = "GPULOAD_RELAY_"
+DEFAULT_PORT = 19401
+
+__all__ = ["ConfigError", "RelayConfig", "Secret", "TargetConfig", "load"]
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A secret value and where it came from; only the source is ever shown."""
+
+    value: str = field(repr=False)
+    source: str = "config file"
+
+    def __str__(self) -> str:
+        return f"<secret from {self.source}>"
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """Inbound credentials Alertmanager must send (its ``http_config``)."""
+
+    bearer_token: Secret | None = None
+    username: str | None = None
+    password: Secret | None = None
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    """The inbound HTTP endpoint."""
+
+    listen_address: str = f":{DEFAULT_PORT}"
+    path: str = "/alerts"
+    max_body_bytes: int = 1 << 20
+    allow_unauthenticated: bool = False
+    auth: AuthConfig = field(default_factory=AuthConfig)
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """The on-disk queue."""
+
+    path: str = "gpuload-relay.db"
+    max_age: float = 3600.0
+    dedup_window: float = 3600.0
+    dead_letter_retention: float = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class DeliveryConfig:
+    """How workers retry and coalesce."""
+
+    timeout: float = 10.0
+    backoff_initial: float = 1.0
+    backoff_max: float = 300.0
+    storm_threshold: int = 3
+    digest_max: int = 20
+
+
+@dataclass(frozen=True)
+class MessageConfig:
+    """What messages show besides the alerts themselves."""
+
+    grafana_url: str | None = None
+    grafana_dashboard: str = "gpuload-node"
+    timezone: str = "UTC"
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Log level and line format."""
+
+    level: str = "info"
+    format: str = "text"
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """One delivery target: its kind, where it is and how it is signed."""
+
+    name: str
+    kind: str
+    url: Secret | None = None
+    secret: Secret | None = None
+    routing_key: Secret | None = None
+    template: str | None = None
+    min_interval: float | None = None
+    timeout: float | None = None
+    at_mobiles: tuple[str, ...] = ()
+    at_all: bool = False
+    content_type: str = "application/json"
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    """Everything `gpuload relay` needs, validated."""
+
+    web: WebConfig = field(default_factory=WebConfig)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
+    message: MessageConfig = field(default_factory=MessageConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    targets: Mapping[str, TargetConfig] = field(default_factory=dict)
+    route: Route = field(default_factory=Route)
+
+
+def _choice(*allowed: str) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        text = str(value).lower()
+        if text not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}")
+        return text
+
+    return parse
+
+
+def _positive_integer(value: Any) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise ValueError("expected an integer")
+    number = int(value)
+    if number < 1:
+        raise ValueError("expected an integer of at least 1")
+    return number
+
+
+def _path(value: Any) -> str:
+    text = str(value)
+    if not text.startswith("/"):
+        raise ValueError("expected a path starting with /")
+    return text
+
+
+def _timezone(value: Any) -> str:
+    text = str(value)
+    try:
+        zoneinfo.ZoneInfo(text)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValueError("expected an IANA time zone like UTC or Asia/Shanghai") from None
+    return text
+
+
+def _url(value: Any) -> str:
+    text = str(value).rstrip("/")
+    if not text.startswith(("http://", "https://")):
+        raise ValueError("expected an http:// or https:// URL")
+    return text
+
+
+def _interval(value: Any) -> float:
+    if value in (0, "0", "0s"):
+        return 0.0
+    return parse_duration(value)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        raise ValueError("expected a string")
+    return str(value)
+
+
+# Scalar settings by key path. Secrets (`*_file`, `*_env`) are resolved in `_build`.
+_SETTINGS: dict[str, Callable[[Any], Any]] = {
+    "web.listen_address": parse_listen_address,
+    "web.path": _path,
+    "web.max_body_bytes": _positive_integer,
+    "web.allow_unauthenticated": parse_bool,
+    "web.auth.bearer_token_file": _text,
+    "web.auth.bearer_token_env": _text,
+    "web.auth.basic_auth.username": _text,
+    "web.auth.basic_auth.password_file": _text,
+    "web.auth.basic_auth.password_env": _text,
+    "queue.path": _text,
+    "queue.max_age": parse_duration,
+    "queue.dedup_window": parse_duration,
+    "queue.dead_letter_retention": parse_duration,
+    "delivery.timeout": parse_duration,
+    "delivery.backoff_initial": parse_duration,
+    "delivery.backoff_max": parse_duration,
+    "delivery.storm_threshold": _positive_integer,
+    "delivery.digest_max": _positive_integer,
+    "message.grafana_url": _url,
+    "message.grafana_dashboard": _text,
+    "message.timezone": _timezone,
+    "log.level": _choice("debug", "info", "warning", "error"),
+    "log.format": _choice("text", "json"),
+}
+_STRUCTURES = ("targets", "route")
+
+
+def env_name(key: str) -> str:
+    """The environment variable of a key path: queue.path -> GPULOAD_RELAY_QUEUE_PATH."""
+    return ENV_PREFIX + key.upper().replace(".", "_")
+
+
+def flag_name(key: str) -> str:
+    """The command-line flag of a key path: queue.max_age -> --queue.max-age."""
+    return "--" + key.replace("_", "-")
+
+
+def is_loopback(listen_address: str) -> bool:
+    """Whether the address only accepts connections from this machine."""
+    host = listen_address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _flatten(tree: Mapping[Any, Any], prefix: str, out: dict[str, Any]) -> None:
+    for key, value in tree.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and path not in _STRUCTURES:
+            _flatten(value, path, out)
+        else:
+            out[path] = value
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        tree = yaml.safe_load(path.read_text())
+    except OSError as error:
+        raise ConfigError(f"config file {path}: cannot read it ({error.strerror})") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"config file {path}: not valid YAML ({error})") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, Mapping):
+        raise ConfigError(f"config file {path}: expected a mapping of settings at the top level")
+    flat: dict[str, Any] = {}
+    _flatten(tree, "", flat)
+    return flat
+
+
+def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    by_name = {env_name(key): key for key in _SETTINGS}
+    found: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        if name not in by_name:
+            raise ConfigError(f"environment variable {name}: not a gpuload relay setting")
+        found[by_name[name]] = value
+    return found
+
+
+def load(
+    *,
+    file: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> RelayConfig:
+    """Build and validate the configuration; flags > env > file > defaults.
+
+    Args:
+        file: YAML config file, nested by key path, with ``targets`` and ``route``.
+        environ: the process environment (GPULOAD_RELAY_* variables, and the
+            variables that ``*_env`` settings name).
+        flags: values given on the command line, by key path.
+
+    Raises:
+        ConfigError: naming the first bad key path, its source and what is expected.
+    """
+    environ = environ or {}
+    from_file = _read_file(Path(file)) if file else {}
+    layers = [
+        ("config file", {k: v for k, v in from_file.items() if k not in _STRUCTURES}),
+        ("environment", _read_env(environ)),
+        ("flag", dict(flags or {})),
+    ]
+    values: dict[str, Any] = {}
+    for source, layer in layers:
+        for key, raw in layer.items():
+            parse = _SETTINGS.get(key)
+            if parse is None:
+                known = ", ".join(sorted([*_SETTINGS, *_STRUCTURES]))
+                raise ConfigError(f"{source} {key}: unknown setting (known: {known})")
+            try:
+                values[key] = parse(raw)
+            except (TypeError, ValueError) as error:
+                raise ConfigError(f"{source} {key}: {raw!r} is not valid: {error}") from None
+    secrets = _Secrets(Path(file).parent if file else Path.cwd(), environ)
+    targets = _targets(from_file.get("targets"), secrets)
+    route = _route(from_file.get("route", {}), "route", set(targets), top=True)
+    return _build(values, secrets, targets, route)
+
+
+def queue_path(
+    *,
+    file: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> str:
+    """Only ``queue.path``, for the queue commands; the rest of the file is not checked."""
+    key = "queue.path"
+    path = QueueConfig().path
+    from_file = _read_file(Path(file)) if file else {}
+    for layer in (
+        from_file,
+        {k: v for k, v in (environ or {}).items() if k == env_name(key)},
+        flags or {},
+    ):
+        for name, value in layer.items():
+            if name in (key, env_name(key)) and value is not None:
+                path = str(value)
+    return path
+
+
+class _Secrets:
+    """Reads ``KEY_file`` and ``KEY_env`` settings; relative files are beside the config file."""
+
+    def __init__(self, base: Path, environ: Mapping[str, str]) -> None:
+        self._base = base
+        self._environ = environ
+
+    def read(
+        self, values: Mapping[str, Any], path: str, key: str, *, literal: bool = False
+    ) -> Secret | None:
+        prefix = f"{path}." if path else ""
+        given = [k for k in (key, f"{key}_file", f"{key}_env") if values.get(k) is not None]
+        if not literal and key in given:
+            raise ConfigError(
+                f"config file {prefix}{key}: give it as {key}_file or {key}_env, not inline"
+            )
+        if len(given) > 1:
+            raise ConfigError(f"config file {prefix}{key}: give only one of {', '.join(given)}")
+        if not given:
+            return None
+        chosen = given[0]
+        raw = values[chosen]
+        if not isinstance(raw, str) or not raw:
+            raise ConfigError(f"config file {prefix}{chosen}: expected a string")
+        if chosen.endswith("_env"):
+            return self._from_env(raw, f"{prefix}{chosen}")
+        if chosen.endswith("_file"):
+            return self._from_file(raw, f"{prefix}{chosen}")
+        return Secret(raw, "config file")
+
+    def _from_env(self, name: str, where: str) -> Secret:
+        value = self._environ.get(name, "").strip()
+        if not value:
+            raise ConfigError(f"config file {where}: environment variable {name} is not set")
+        return Secret(value, f"environment variable {name}")
+
+    def _from_file(self, name: str, where: str) -> Secret:
+        path = self._base / name
+        try:
+            value = path.read_text().strip()
+        except OSError as error:
+            raise ConfigError(
+                f"config file {where}: cannot read {path} ({error.strerror})"
+            ) from None
+        if not value:
+            raise ConfigError(f"config file {where}: {path} is empty")
+        return Secret(value, f"file {path}")
+
+
+_TARGET_KEYS = {
+    "type",
+    "url",
+    "url_file",
+    "url_env",
+    "secret",
+    "secret_file",
+    "secret_env",
+    "routing_key",
+    "routing_key_file",
+    "routing_key_env",
+    "template",
+    "min_interval",
+    "timeout",
+    "at_mobiles",
+    "at_all",
+    "content_type",
+}
+
+
+def _targets(tree: Any, secrets: _Secrets) -> dict[str, TargetConfig]:
+    # Imported here: the target modules import this one for TargetConfig.
+    from exporter.relay.targets import KINDS
+    from exporter.relay.templates import TemplateError, compile_template
+
+    if tree is None:
+        return {}
+    if not isinstance(tree, Mapping):
+        raise ConfigError("config file targets: expected a mapping of target names to settings")
+    targets: dict[str, TargetConfig] = {}
+    for name, values in tree.items():
+        path = f"targets.{name}"
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"config file {path}: expected a mapping of settings")
+        unknown = sorted(set(map(str, values)) - _TARGET_KEYS)
+        if unknown:
+            raise ConfigError(
+                f"config file {path}.{unknown[0]}: unknown setting "
+                f"(known: {', '.join(sorted(_TARGET_KEYS))})"
+            )
+        kind = values.get("type")
+        if kind not in KINDS:
+            raise ConfigError(
+                f"config file {path}.type: {kind!r} is not valid: expected one of "
+                f"{', '.join(sorted(KINDS))}"
+            )
+        spec = KINDS[kind]
+        read = {key: secrets.read(values, path, key, literal=True) for key in spec.secrets}
+        for key in spec.required:
+            if read.get(key) is None:
+                raise ConfigError(
+                    f"config file {path}: {key} (or {key}_file, {key}_env) is required"
+                )
+        for key in ("url", "secret", "routing_key"):
+            if key not in spec.secrets and any(k.startswith(key) for k in values):
+                raise ConfigError(f"config file {path}.{key}: not used by type {kind}")
+        template = values.get("template")
+        if template is not None:
+            try:
+                compile_template(str(template))
+            except TemplateError as error:
+                raise ConfigError(f"config file {path}.template: {error}") from None
+        url = read.get("url")
+        if url is not None and not url.value.startswith(("http://", "https://")):
+            raise ConfigError(f"config file {path}.url: expected an http:// or https:// URL")
+        targets[str(name)] = TargetConfig(
+            name=str(name),
+            kind=kind,
+            url=url,
+            secret=read.get("secret"),
+            routing_key=read.get("routing_key"),
+            template=None if template is None else str(template),
+            min_interval=_field(values, path, "min_interval", _interval),
+            timeout=_field(values, path, "timeout", parse_duration),
+            at_mobiles=tuple(_field(values, path, "at_mobiles", _string_list) or ()),
+            at_all=bool(_field(values, path, "at_all", parse_bool)),
+            content_type=_field(values, path, "content_type", _text) or "application/json",
+        )
+    return targets
+
+
+def _string_list(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str | int) for v in value):
+        raise ValueError("expected a list of strings")
+    return [str(v) for v in value]
+
+
+def _field(values: Mapping[str, Any], path: str, key: str, parse: Callable[[Any], Any]) -> Any:
+    raw = values.get(key)
+    if raw is None:
+        return None
+    try:
+        return parse(raw)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"config file {path}.{key}: {raw!r} is not valid: {error}") from None
+
+
+_ROUTE_KEYS = {"matchers", "targets", "continue", "routes"}
+
+
+def _route(tree: Any, path: str, known: set[str], *, top: bool = False) -> Route:
+    if not isinstance(tree, Mapping):
+        raise ConfigError(f"config file {path}: expected a mapping with matchers, targets, routes")
+    unknown = sorted(set(map(str, tree)) - _ROUTE_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"config file {path}.{unknown[0]}: unknown setting "
+            f"(known: {', '.join(sorted(_ROUTE_KEYS))})"
+        )
+    if top and (tree.get("matchers") or tree.get("continue")):
+        raise ConfigError(f"config file {path}: the top route matches every alert; no matchers")
+    raw_matchers = tree.get("matchers") or []
+    if not isinstance(raw_matchers, list):
+        raise ConfigError(
+            f"config file {path}.matchers: expected a list like ['severity=\"critical\"']"
+        )
+    matchers = []
+    for i, text in enumerate(raw_matchers):
+        try:
+            matchers.append(parse_matcher(str(text)))
+        except ValueError as error:
+            raise ConfigError(
+                f"config file {path}.matchers[{i}]: {text!r} is not valid: {error}"
+            ) from None
+    raw_targets = tree.get("targets") or []
+    if isinstance(raw_targets, str):
+        raw_targets = [raw_targets]
+    if not isinstance(raw_targets, list):
+        raise ConfigError(f"config file {path}.targets: expected a list of target names")
+    for i, name in enumerate(raw_targets):
+        if name not in known:
+            listed = ", ".join(sorted(known)) or "none defined"
+            raise ConfigError(
+                f"config file {path}.targets[{i}]: {name!r} is not a target (targets: {listed})"
+            )
+    raw_routes = tree.get("routes") or []
+    if not isinstance(raw_routes, list):
+        raise ConfigError(f"config file {path}.routes: expected a list of routes")
+    children = tuple(
+        _route(child, f"{path}.routes[{i}]", known) for i, child in enumerate(raw_routes)
+    )
+    try:
+        keep_going = parse_bool(tree.get("continue", False))
+    except ValueError as error:
+        raise ConfigError(f"config file {path}.continue: {error}") from None
+    return Route(tuple(matchers), tuple(map(str, raw_targets)), keep_going, children)
+
+
+def _build(
+    values: Mapping[str, Any],
+    secrets: _Secrets,
+    targets: Mapping[str, TargetConfig],
+    route: Route,
+) -> RelayConfig:
+    defaults = RelayConfig()
+
+    def get(key: str, default: Any) -> Any:
+        return values.get(key, default)
+
+    auth = _auth(values, secrets)
+    web = WebConfig(
+        listen_address=get("web.listen_address", defaults.web.listen_address),
+        path=get("web.path", defaults.web.path),
+        max_body_bytes=get("web.max_body_bytes", defaults.web.max_body_bytes),
+        allow_unauthenticated=get("web.allow_unauthenticated", False),
+        auth=auth,
+    )
+    unauthenticated = auth.bearer_token is None and auth.password is None
+    if unauthenticated and not web.allow_unauthenticated and not is_loopback(web.listen_address):
+        raise ConfigError(
+            f"web.auth: required when listening on {web.listen_address}, which is not loopback: "
+            "set web.auth.bearer_token_file (or _env) or web.auth.basic_auth, or "
+            "web.allow_unauthenticated: true behind a proxy that authenticates"
+        )
+    delivery = DeliveryConfig(
+        timeout=get("delivery.timeout", defaults.delivery.timeout),
+        backoff_initial=get("delivery.backoff_initial", defaults.delivery.backoff_initial),
+        backoff_max=get("delivery.backoff_max", defaults.delivery.backoff_max),
+        storm_threshold=get("delivery.storm_threshold", defaults.delivery.storm_threshold),
+        digest_max=get("delivery.digest_max", defaults.delivery.digest_max),
+    )
+    return RelayConfig(
+        web=web,
+        queue=QueueConfig(
+            path=get("queue.path", defaults.queue.path),
+            max_age=get("queue.max_age", defaults.queue.max_age),
+            dedup_window=get("queue.dedup_window", defaults.queue.dedup_window),
+            dead_letter_retention=get(
+                "queue.dead_letter_retention", defaults.queue.dead_letter_retention
+            ),
+        ),
+        delivery=delivery,
+        message=MessageConfig(
+            grafana_url=get("message.grafana_url", None),
+            grafana_dashboard=get("message.grafana_dashboard", defaults.message.grafana_dashboard),
+            timezone=get("message.timezone", defaults.message.timezone),
+        ),
+        log=LogConfig(
+            level=get("log.level", defaults.log.level),
+            format=get("log.format", defaults.log.format),
+        ),
+        targets=targets,
+        route=route,
+    )
+
+
+def _auth(values: Mapping[str, Any], secrets: _Secrets) -> AuthConfig:
+    token = secrets.read(
+        {k.removeprefix("web.auth."): v for k, v in values.items() if k.startswith("web.auth.")},
+        "web.auth",
+        "bearer_token",
+    )
+    basic = {
+        k.removeprefix("web.auth.basic_auth."): v
+        for k, v in values.items()
+        if k.startswith("web.auth.basic_auth.")
+    }
+    password = secrets.read(basic, "web.auth.basic_auth", "password")
+    username = basic.get("username")
+    if (username is None) != (password is None):
+        raise ConfigError(
+            "config file web.auth.basic_auth: give both username and "
+            "password_file (or password_env)"
+        )
+    if token is not None and password is not None:
+        raise ConfigError("config file web.auth: give bearer_token or basic_auth, not both")
+    return AuthConfig(bearer_token=token, username=username, password=password)

@@ -1,0 +1,132 @@
+"""`gpuload relay`: the HTTP endpoint, the queue and a delivery worker per target, together."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sqlite3
+import threading
+import time
+from types import FrameType
+from typing import cast
+
+from exporter.relay import targets
+from exporter.relay.config import RelayConfig
+from exporter.relay.delivery import Worker
+from exporter.relay.metrics import RelayMetrics
+from exporter.relay.queue import Queue
+from exporter.relay.server import RelayApplication
+from exporter.relay.templates import MessageSettings
+from exporter.server.http import Application, Server
+
+log = logging.getLogger(__name__)
+
+PRUNE_SECONDS = 60.0
+
+
+class Relay:
+    """A running relay: start it, read its URL, stop it."""
+
+    def __init__(self, config: RelayConfig) -> None:
+        self.config = config
+        self.queue = Queue(config.queue.path, dedup_window=config.queue.dedup_window)
+        settings = MessageSettings(
+            grafana_url=config.message.grafana_url,
+            grafana_dashboard=config.message.grafana_dashboard,
+            timezone=config.message.timezone,
+        )
+        self.metrics = RelayMetrics(self.queue, list(config.targets))
+        self.workers = {
+            name: Worker(targets.build(target, settings), self.queue, config.delivery, self.metrics)
+            for name, target in config.targets.items()
+        }
+        self.app = RelayApplication(
+            queue=self.queue,
+            route=config.route,
+            metrics=self.metrics,
+            auth=config.web.auth,
+            path=config.web.path,
+            max_body_bytes=config.web.max_body_bytes,
+            max_age=config.queue.max_age,
+            wake=self._wake,
+        )
+        # Server is typed for the exporter's Application; it serves any WSGI callable.
+        self.server = Server(config.web.listen_address, cast(Application, self.app))
+        self._stopped = threading.Event()
+        self._pruner = threading.Thread(target=self._prune, name="prune", daemon=True)
+
+    @property
+    def url(self) -> str:
+        """The base URL the relay listens at."""
+        return self.server.url
+
+    def _wake(self, target: str) -> None:
+        worker = self.workers.get(target)
+        if worker is not None:
+            worker.wake()
+
+    def start(self) -> None:
+        """Serve and deliver in the background."""
+        for worker in self.workers.values():
+            worker.start()
+        self._pruner.start()
+        self.server.start()
+
+    def stop(self) -> None:
+        """Stop accepting, let commits in progress finish, stop the workers: seconds at most."""
+        self.app.stopping = True
+        self.server.stop()
+        if not self.app.drain(timeout=2.0):
+            log.warning("a commit was still in progress at shutdown; Alertmanager will resend it")
+        self._stopped.set()
+        for worker in self.workers.values():
+            worker.stop()
+        deadline = time.monotonic() + 1.0
+        for worker in self.workers.values():
+            worker.join(timeout=max(deadline - time.monotonic(), 0.0))
+        self.queue.close()
+
+    def _prune(self) -> None:
+        while not self._stopped.wait(PRUNE_SECONDS):
+            try:
+                self.queue.prune(time.time(), self.config.queue.dead_letter_retention)
+            except sqlite3.Error as error:
+                log.warning("cannot prune the queue: %s", error)
+
+
+def serve(config: RelayConfig, *, stop: threading.Event | None = None) -> int:
+    """Run the relay until SIGTERM/SIGINT (or `stop` is set); returns the exit code."""
+    try:
+        relay = Relay(config)
+    except sqlite3.Error as error:
+        log.error("cannot open the queue %s: %s", config.queue.path, error)
+        return 1
+    except OSError as error:
+        log.error("cannot listen on %s: %s", config.web.listen_address, error.strerror or error)
+        return 1
+    stop = stop or threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    relay.start()
+    auth = (
+        "bearer token"
+        if config.web.auth.bearer_token
+        else ("basic auth" if config.web.auth.password else "no authentication")
+    )
+    log.info(
+        "listening on %s (POST %s, %s), queue %s, targets: %s",
+        relay.url,
+        config.web.path,
+        auth,
+        config.queue.path,
+        ", ".join(f"{name} ({t.kind})" for name, t in config.targets.items()) or "none",
+    )
+    stop.wait()
+    relay.stop()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,275 @@
+"""The durable queue: SQLite in WAL mode, one row per (target, notification).
+
+A row is ``queued`` until delivered, then ``delivered`` (kept, without its body,
+for the dedup window) or ``dead`` (a dead letter, kept with its body and last
+error until it is retried, dropped or older than the retention). The unique
+(target, dedup_key) makes Alertmanager's re-sends of a notification collapse
+into the row already there. ``synchronous=FULL`` makes every commit reach the
+disk before the relay answers 200: a power cut after the answer loses nothing.
+
+Every thread uses its own connection; the ``gpuload relay queue`` command opens
+the same file while the relay runs, and SQLite serialises the writers.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+QUEUED, DELIVERED, DEAD = "queued", "delivered", "dead"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS notifications (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    target TEXT NOT NULL,
+    dedup_key TEXT NOT NULL,
+    body TEXT NOT NULL,
+    state TEXT NOT NULL,
+    received_at REAL NOT NULL,
+    queued_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    next_attempt_at REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT NOT NULL DEFAULT '',
+    finished_at REAL,
+    UNIQUE (target, dedup_key)
+);
+CREATE INDEX IF NOT EXISTS notifications_due ON notifications (target, state, next_attempt_at);
+CREATE VIEW IF NOT EXISTS dead_letters AS SELECT * FROM notifications WHERE state = 'dead';
+"""
+
+# A re-send is a duplicate while the row is queued, or finished within the dedup window.
+_ENQUEUE = """
+INSERT INTO notifications
+    (target, dedup_key, body, state, received_at, queued_at, expires_at, next_attempt_at)
+VALUES (?, ?, ?, 'queued', ?, ?, ?, ?)
+ON CONFLICT (target, dedup_key) DO UPDATE SET
+    body = excluded.body, state = 'queued', received_at = excluded.received_at,
+    queued_at = excluded.queued_at, expires_at = excluded.expires_at,
+    next_attempt_at = excluded.next_attempt_at, attempts = 0, last_error = '', finished_at = NULL
+WHERE notifications.state != 'queued' AND notifications.finished_at < ?
+"""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A row of the queue."""
+
+    id: int
+    target: str
+    dedup_key: str
+    body: str
+    state: str
+    received_at: float
+    queued_at: float
+    next_attempt_at: float
+    attempts: int
+    last_error: str
+
+
+@dataclass(frozen=True)
+class TargetState:
+    """What the metrics show of one target's rows."""
+
+    queued: int = 0
+    oldest_queued_at: float | None = None
+    dead: int = 0
+
+
+_COLUMNS = (
+    "id, target, dedup_key, body, state, received_at, queued_at, next_attempt_at, "
+    "attempts, last_error"
+)
+
+
+class Queue:
+    """The queue file, shared by the HTTP handlers, the workers and the CLI."""
+
+    def __init__(self, path: str, *, dedup_window: float = 3600.0) -> None:
+        self.path = path
+        self.dedup_window = dedup_window
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._connection().executescript(_SCHEMA)
+
+    def _connection(self) -> sqlite3.Connection:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(
+                self.path, timeout=10, isolation_level=None, check_same_thread=False
+            )
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA busy_timeout=10000")
+            self._local.db = db
+            with self._lock:
+                self._connections.append(db)
+        return db
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        db = self._connection()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def close(self) -> None:
+        """Close every thread's connection."""
+        with self._lock:
+            for db in self._connections:
+                db.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    def check(self) -> None:
+        """Raise sqlite3.Error if the file cannot be read."""
+        self._connection().execute("SELECT 1 FROM notifications LIMIT 1").fetchall()
+
+    def enqueue(
+        self, rows: Sequence[tuple[str, str, str]], now: float, max_age: float
+    ) -> list[tuple[str, bool]]:
+        """Commit (target, dedup_key, body) rows in one transaction.
+
+        Returns (target, queued) pairs: False where the row was a duplicate.
+        """
+        results = []
+        with self._transaction() as db:
+            for target, key, body in rows:
+                cursor = db.execute(
+                    _ENQUEUE,
+                    (target, key, body, now, now, now + max_age, now, now - self.dedup_window),
+                )
+                results.append((target, cursor.rowcount > 0))
+        return results
+
+    def due(self, target: str, now: float, limit: int) -> list[Entry]:
+        """The oldest queued rows of a target whose next attempt is due."""
+        rows = (
+            self._connection()
+            .execute(
+                f"SELECT {_COLUMNS} FROM notifications WHERE target = ? AND state = 'queued' "
+                "AND next_attempt_at <= ? ORDER BY id LIMIT ?",
+                (target, now, limit),
+            )
+            .fetchall()
+        )
+        return [Entry(*row) for row in rows]
+
+    def next_attempt(self, target: str) -> float | None:
+        """When the target's next queued row is due, or None with nothing queued."""
+        row = (
+            self._connection()
+            .execute(
+                "SELECT MIN(next_attempt_at) FROM notifications "
+                "WHERE target = ? AND state = 'queued'",
+                (target,),
+            )
+            .fetchone()
+        )
+        return None if row is None or row[0] is None else float(row[0])
+
+    def delivered(self, ids: Sequence[int], now: float) -> None:
+        """Mark rows delivered; their bodies are no longer needed."""
+        with self._transaction() as db:
+            db.executemany(
+                "UPDATE notifications SET state = 'delivered', body = '', finished_at = ?, "
+                "attempts = attempts + 1, last_error = '' WHERE id = ? AND state = 'queued'",
+                [(now, i) for i in ids],
+            )
+
+    def retry(self, ids: Sequence[int], next_attempt_at: float, error: str) -> None:
+        """Record a failed attempt; the rows stay queued."""
+        with self._transaction() as db:
+            db.executemany(
+                "UPDATE notifications SET attempts = attempts + 1, next_attempt_at = ?, "
+                "last_error = ? WHERE id = ? AND state = 'queued'",
+                [(next_attempt_at, error, i) for i in ids],
+            )
+
+    def dead(self, ids: Sequence[int], now: float, error: str) -> None:
+        """Move rows to the dead letters."""
+        with self._transaction() as db:
+            db.executemany(
+                "UPDATE notifications SET state = 'dead', finished_at = ?, "
+                "attempts = attempts + 1, last_error = ? WHERE id = ? AND state = 'queued'",
+                [(now, error, i) for i in ids],
+            )
+
+    def expire(self, target: str, now: float) -> int:
+        """Move a target's rows older than their max age to the dead letters; how many moved."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE notifications SET state = 'dead', finished_at = ?, "
+                "last_error = 'expired: not delivered within queue.max_age; last error: ' "
+                "|| last_error WHERE target = ? AND state = 'queued' AND expires_at <= ?",
+                (now, target, now),
+            )
+            return cursor.rowcount
+
+    def prune(self, now: float, dead_letter_retention: float) -> None:
+        """Forget delivered rows past the dedup window and dead letters past their retention."""
+        with self._transaction() as db:
+            db.execute(
+                "DELETE FROM notifications WHERE state = 'delivered' AND finished_at < ?",
+                (now - self.dedup_window,),
+            )
+            db.execute(
+                "DELETE FROM notifications WHERE state = 'dead' AND finished_at < ?",
+                (now - dead_letter_retention,),
+            )
+
+    def states(self) -> dict[str, TargetState]:
+        """Queue depth, oldest queued time and dead letters per target."""
+        rows = (
+            self._connection()
+            .execute(
+                "SELECT target, state, COUNT(*), MIN(queued_at) FROM notifications "
+                "WHERE state IN ('queued', 'dead') GROUP BY target, state"
+            )
+            .fetchall()
+        )
+        found: dict[str, TargetState] = {}
+        for target, state, count, oldest in rows:
+            current = found.get(target, TargetState())
+            if state == QUEUED:
+                current = TargetState(count, oldest, current.dead)
+            else:
+                current = TargetState(current.queued, current.oldest_queued_at, count)
+            found[target] = current
+        return found
+
+    def entries(self, state: str) -> list[Entry]:
+        """Every row in a state, oldest first."""
+        rows = (
+            self._connection()
+            .execute(f"SELECT {_COLUMNS} FROM notifications WHERE state = ? ORDER BY id", (state,))
+            .fetchall()
+        )
+        return [Entry(*row) for row in rows]
+
+    def requeue(self, entry_id: int, state: str, now: float) -> bool:
+        """Make a queued or dead row due now, with a fresh max age; False if no such row."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE notifications SET state = 'queued', next_attempt_at = ?, queued_at = ?, "
+                "expires_at = ? + (expires_at - received_at), received_at = ?, "
+                "finished_at = NULL WHERE id = ? AND state = ?",
+                (now, now, now, now, entry_id, state),
+            )
+            return cursor.rowcount > 0
+
+    def drop(self, entry_id: int, state: str) -> bool:
+        """Delete a queued or dead row; False if no such row."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "DELETE FROM notifications WHERE id = ? AND state = ?", (entry_id, state)
+            )
+            return cursor.rowcount > 0

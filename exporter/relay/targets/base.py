@@ -1,0 +1,173 @@
+"""What every target is: a request built from notifications, and a verdict on the answer."""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from exporter.problems import ProblemLog
+from exporter.relay.config import TargetConfig
+from exporter.relay.payload import Notification
+from exporter.relay.templates import MessageSettings, TemplateError, compile_template, render
+
+log = logging.getLogger(__name__)
+
+# Longest pause a Retry-After may impose; a larger value is a misbehaving server.
+MAX_RETRY_AFTER = 3600.0
+
+
+@dataclass(frozen=True)
+class OutboundRequest:
+    """One HTTP POST to a target."""
+
+    url: str
+    body: bytes
+    headers: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a target's answer means: delivered, retry later, or rejected for good."""
+
+    delivered: bool
+    retry: bool
+    reason: str
+    retry_after: float | None = None
+
+
+DELIVERED = Outcome(True, False, "")
+
+
+def json_body(document: Any) -> bytes:
+    """Compact UTF-8 JSON."""
+    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (seconds or an HTTP date)."""
+    if not value:
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            moment = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError):
+            return None
+        seconds = moment.timestamp() - (time.time() if now is None else now)
+    if seconds != seconds:  # NaN
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
+
+
+def outcome_by_status(status: int, headers: Mapping[str, str], body: bytes) -> Outcome:
+    """The usual HTTP verdict: 2xx delivered; 429, 408 and 5xx retried; other 4xx rejected."""
+    if 200 <= status < 300:
+        return DELIVERED
+    reason = f"HTTP {status}{_excerpt(body)}"
+    if status in (408, 425, 429) or status >= 500:
+        return Outcome(False, True, reason, parse_retry_after(headers.get("Retry-After")))
+    return Outcome(False, False, reason)
+
+
+def _excerpt(body: bytes) -> str:
+    text = body[:200].decode("utf-8", errors="replace").strip().replace("\n", " ")
+    return f": {text}" if text else ""
+
+
+def json_errcode_outcome(
+    status: int,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    code_fields: Sequence[str],
+    retry_codes: Mapping[int, float],
+) -> Outcome:
+    """The verdict for chat robots that answer HTTP 200 with an error code in the JSON."""
+    verdict = outcome_by_status(status, headers, body)
+    if not verdict.delivered:
+        return verdict
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return DELIVERED
+    if not isinstance(document, dict):
+        return DELIVERED
+    code = next((document[f] for f in code_fields if f in document), 0)
+    if not isinstance(code, int) or code == 0:
+        return DELIVERED
+    message = document.get("errmsg") or document.get("msg") or ""
+    reason = f"error code {code}: {message}"[:300]
+    if code in retry_codes:
+        return Outcome(False, True, reason, retry_codes[code])
+    return Outcome(False, False, reason)
+
+
+class Target:
+    """A delivery target of one kind; subclasses build its messages.
+
+    Class attributes declare what the configuration must give (`required`), what it
+    may give (`secrets`), the default pause between messages (`min_interval`,
+    from the service's rate limit) and whether several notifications can be
+    coalesced into one digest message (`digests`).
+    """
+
+    kind: ClassVar[str]
+    required: ClassVar[tuple[str, ...]] = ("url",)
+    secrets: ClassVar[tuple[str, ...]] = ("url",)
+    min_interval: ClassVar[float] = 0.0
+    digests: ClassVar[bool] = True
+
+    def __init__(self, config: TargetConfig, settings: MessageSettings) -> None:
+        self.config = config
+        self.name = config.name
+        self.settings = settings
+        self.interval = self.min_interval if config.min_interval is None else config.min_interval
+        self._template = compile_template(config.template) if config.template else None
+        self._problems = ProblemLog(log)
+
+    @property
+    def url(self) -> str:
+        """The target's URL (a secret for most services)."""
+        assert self.config.url is not None
+        return self.config.url.value
+
+    def request(self, notifications: Sequence[Notification], now: float) -> OutboundRequest:
+        """The request delivering one notification, or a digest of several."""
+        raise NotImplementedError
+
+    def outcome(self, status: int, headers: Mapping[str, str], body: bytes) -> Outcome:
+        """What the target's answer means."""
+        return outcome_by_status(status, headers, body)
+
+    def user_text(self, notification: Notification) -> str | None:
+        """The user template's text, or None without one or when it fails (logged once)."""
+        if self._template is None:
+            return None
+        try:
+            text = render(self._template, notification, self.settings)
+        except TemplateError as error:
+            self._problems.report(
+                "template",
+                "target %s: template failed (%s); sending the default message",
+                self.name,
+                error,
+            )
+            return None
+        self._problems.resolve("template", "target %s: template renders again", self.name)
+        return text
+
+
+KINDS: dict[str, type[Target]] = {}
+
+
+def register(cls: type[Target]) -> type[Target]:
+    """Class decorator: make a target kind known to the configuration."""
+    KINDS[cls.kind] = cls
+    return cls

@@ -1,0 +1,241 @@
+"""Relay test helpers: fake target services, payloads, relays in-process and as processes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import requests
+import yaml
+from helpers import ROOT, wait_until
+
+from exporter.relay import config as relay_config
+from exporter.relay.daemon import Relay
+
+_LISTENING = re.compile(r"listening on (http://\S+/)")
+
+
+@dataclass
+class Received:
+    """One request a fake target got."""
+
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+# What a fake target answers: (status, headers, body), or None to hang until released.
+Answer = tuple[int, dict[str, str], bytes] | None
+
+
+class FakeTarget:
+    """A real HTTP server on 127.0.0.1 standing in for Slack, PagerDuty, a robot or a webhook."""
+
+    def __init__(self, answer: Callable[[Received], Answer] | None = None) -> None:
+        self.requests: list[Received] = []
+        self.answer = answer or (lambda _request: (200, {}, b"ok"))
+        self.release = threading.Event()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                parts = urlsplit(self.path)
+                received = Received(
+                    parts.path,
+                    parse_qs(parts.query),
+                    dict(self.headers.items()),
+                    self.rfile.read(length),
+                    time.monotonic(),
+                )
+                fake.requests.append(received)
+                answer = fake.answer(received)
+                if answer is None:
+                    fake.release.wait(30)
+                    answer = (200, {}, b"late")
+                status, headers, body = answer
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/hook"
+
+    def bodies(self) -> list[Any]:
+        return [request.json() for request in self.requests]
+
+    def close(self) -> None:
+        self.release.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def alert(
+    name: str = "GPUTemperatureHigh",
+    *,
+    status: str = "firing",
+    fingerprint: str | None = None,
+    starts_at: str = "2026-01-02T03:04:05.123456789Z",
+    **labels: str,
+) -> dict[str, Any]:
+    """An alert as Alertmanager sends it."""
+    all_labels = {
+        "alertname": name,
+        "severity": "critical",
+        "gpu": "3",
+        "uuid": "GPU-0c1d",
+        "instance": "node-7:19400",
+        **labels,
+    }
+    return {
+        "status": status,
+        "labels": all_labels,
+        "annotations": {
+            "summary": "A GPU is too hot",
+            "description": "GPU 3 on node-7 is at 91 °C, above its slowdown threshold.",
+            "runbook_url": "https://example.com/runbooks.md#gputemperaturehigh",
+            "value": "91 °C",
+        },
+        "startsAt": starts_at,
+        "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-01-02T04:00:00Z",
+        "generatorURL": "http://prometheus:9090/graph?g0.expr=gpu_temperature_celsius",
+        "fingerprint": fingerprint
+        or hashlib.sha256(json.dumps(all_labels, sort_keys=True).encode()).hexdigest()[:16],
+    }
+
+
+def notification(
+    *alerts: dict[str, Any], group: str = "gpu", status: str | None = None
+) -> dict[str, Any]:
+    """An Alertmanager webhook payload (version 4)."""
+    alerts = alerts or (alert(),)
+    if status is None:
+        status = "firing" if any(a["status"] == "firing" for a in alerts) else "resolved"
+    common = dict(alerts[0]["labels"])
+    for other in alerts[1:]:
+        common = {k: v for k, v in common.items() if other["labels"].get(k) == v}
+    return {
+        "version": "4",
+        "groupKey": f'{{}}:{{group="{group}"}}',
+        "truncatedAlerts": 0,
+        "status": status,
+        "receiver": "relay",
+        "groupLabels": {"alertname": common.get("alertname", "")},
+        "commonLabels": common,
+        "commonAnnotations": {},
+        "externalURL": "http://alertmanager:9093",
+        "alerts": list(alerts),
+    }
+
+
+def write_config(directory: Path, document: dict[str, Any]) -> Path:
+    document = {
+        "web": {"listen_address": "127.0.0.1:0"},
+        "queue": {"path": str(directory / "relay.db")},
+        **document,
+    }
+    path = directory / "relay.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def fast_delivery(**overrides: Any) -> dict[str, Any]:
+    """Delivery settings for tests: retries within a fraction of a second."""
+    return {"timeout": "2s", "backoff_initial": "50ms", "backoff_max": "200ms", **overrides}
+
+
+@contextmanager
+def running_relay(
+    directory: Path, document: dict[str, Any], environ: dict[str, str] | None = None
+) -> Iterator[Relay]:
+    """A relay started in this process from a config written to `directory`."""
+    path = write_config(directory, document)
+    relay = Relay(relay_config.load(file=path, environ=environ or {}))
+    relay.start()
+    try:
+        yield relay
+    finally:
+        relay.stop()
+
+
+def post(relay_url: str, body: Any, *, path: str = "alerts", **kwargs: Any) -> requests.Response:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return requests.post(relay_url + path, data=data, timeout=10, **kwargs)
+
+
+@dataclass
+class RelayProcess:
+    """A `gpuload relay` subprocess."""
+
+    process: subprocess.Popen[str]
+    url: str = ""
+    lines: list[str] = field(default_factory=list)
+
+    def log(self) -> str:
+        return "".join(self.lines)
+
+
+def start_relay_process(
+    config: Path, *args: str, env: dict[str, str] | None = None
+) -> RelayProcess:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("GPULOAD_")}
+    environment.update(env or {})
+    environment["PYTHONUNBUFFERED"] = "1"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "relay", "--config", str(config), *args],
+        cwd=ROOT,
+        env=environment,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    relay = RelayProcess(process)
+    seen = threading.Event()
+
+    def drain() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            relay.lines.append(line)
+            match = _LISTENING.search(line)
+            if match:
+                relay.url = match.group(1)
+                seen.set()
+        seen.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    if not seen.wait(timeout=20) or not relay.url:
+        process.kill()
+        raise AssertionError(f"gpuload relay did not start:\n{relay.log()}")
+    return relay
+
+
+__all__ = ["wait_until"]
