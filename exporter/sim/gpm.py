@@ -13,8 +13,10 @@ corresponding noise-free curve between the two samples' times:
 Other metric ids below NVML_GPM_METRIC_MAX answer NOT_SUPPORTED in their slot. NVML's reference
 says the two samples should be more than 100 ms apart and does not name the error otherwise; the
 simulator answers NVML_ERROR_INVALID_ARGUMENT in each metric's ``nvmlReturn`` for samples closer
-than that (or in the wrong order), so callers must handle a per-metric failure. GPUs whose model
-does not declare ``gpm`` report isSupportedDevice 0 and answer NOT_SUPPORTED to sample reads.
+than that (or in the wrong order), so callers must handle a per-metric failure. With a pinned
+scenario clock, two samples at the same instant give the curves' values at that instant. GPUs
+whose model does not declare ``gpm`` report isSupportedDevice 0 and answer NOT_SUPPORTED to sample
+reads.
 ``GpmSamples`` counts allocations so tests can check that callers free what they allocate.
 """
 
@@ -180,17 +182,24 @@ def _metrics_get(call: Call, ref: Any) -> int:
         return INVALID_ARGUMENT
     timeline = (first.instance or first.gpu).timeline
     interval = second.t - first.t
+    # A pinned scenario clock never moves: two samples of it describe one instant, and the
+    # metrics are the curves' values there, so that pinned runs (golden files) show them.
+    frozen = call.sim.pinned_time is not None and interval == 0
     for slot in request.metrics[: request.numMetrics]:
         known = METRICS.get(slot.metricId)
         if known is None:
             slot.nvmlReturn = NOT_SUPPORTED if slot.metricId < METRIC_MAX else INVALID_ARGUMENT
             continue
-        if interval < MIN_INTERVAL:
+        if interval < MIN_INTERVAL and not frozen:
             slot.nvmlReturn = INVALID_ARGUMENT
             continue
         curve, scale, short_name, long_name, unit = known
-        area = timeline.integral(curve, second.t) - timeline.integral(curve, first.t)
-        slot.value = area / interval * scale
+        if frozen:
+            phase, since_start = timeline.locate(second.t)
+            slot.value = phase.specs[curve].clean(since_start) * scale
+        else:
+            area = timeline.integral(curve, second.t) - timeline.integral(curve, first.t)
+            slot.value = area / interval * scale
         slot.nvmlReturn = SUCCESS
         slot.metricInfo.shortName = short_name
         slot.metricInfo.longName = long_name

@@ -10,7 +10,20 @@ import pytest
 
 from exporter.sim import ScenarioError, describe_scenarios, load_scenario, scenario_names
 
-REQUIRED_SCENARIOS = {"idle", "training", "data-starved", "saturated", "thermal-throttle", "mixed"}
+REQUIRED_SCENARIOS = {
+    "idle",
+    "training",
+    "data-starved",
+    "saturated",
+    "thermal-throttle",
+    "mixed",
+    "h100-nvlink",
+    "memory-bound",
+    "a100-mig",
+    "legacy-v100",
+    "fell-off-bus",
+    "ecc-remap",
+}
 
 
 def test_required_scenarios_ship_and_load() -> None:
@@ -41,6 +54,29 @@ def test_mixed_node_spans_generations_and_an_older_driver() -> None:
     assert {"NVIDIA H100 PCIe", "NVIDIA A100 80GB PCIe", "Tesla T4", "NVIDIA L4"} <= names
     assert "nvmlDeviceGetCurrentClocksEventReasons" in scenario.driver.lacks
     assert max(len(gpu.lacks) for gpu in scenario.gpus) >= 4
+
+
+@pytest.mark.parametrize(
+    ("scenario", "gpu", "has", "lacks"),
+    [
+        ("training", 0, {"gpm", "nvlink", "row_remapping"}, {"retired_pages"}),
+        ("faulty", 0, {"nvlink", "row_remapping"}, {"gpm", "retired_pages"}),
+        ("legacy-v100", 0, {"nvlink", "retired_pages"}, {"gpm", "row_remapping"}),
+    ],
+)
+def test_models_declare_their_newer_features(
+    scenario: str, gpu: int, has: set[str], lacks: set[str]
+) -> None:
+    spec = load_scenario(scenario).gpus[gpu]
+    assert not has & spec.lacks
+    assert lacks <= spec.lacks
+
+
+def test_a_gpu_entry_can_remove_a_declared_feature(
+    base_scenario: dict[str, Any], write_scenario: Callable[[dict[str, Any]], Path]
+) -> None:
+    base_scenario["gpus"][0]["lacks"] = ["gpm", "nvlink"]
+    assert {"gpm", "nvlink"} <= load_scenario(write_scenario(base_scenario)).gpus[0].lacks
 
 
 def test_pci_bus_ids_are_distinct() -> None:

@@ -150,8 +150,8 @@ def test_energy_is_monotonic_and_matches_integrated_power(clock: ManualClock) ->
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(3)
     energies = []
-    for step in range(0, 2000, 5):
-        clock.at(float(step))
+    for moment in range(0, 2000, 5):
+        clock.at(float(moment))
         energies.append(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
     assert energies == sorted(energies)
     # Integrate the reported (1 s average) power across the train -> checkpoint boundary at 900 s.
