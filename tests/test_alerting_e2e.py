@@ -1,0 +1,401 @@
+"""End to end: real gpuload, Prometheus and Alertmanager on 127.0.0.1 deliver the shipped alerts.
+
+Three simulated nodes are scraped by one Prometheus every second: `data-starved` must raise
+GPUUtilizationLow (and GPUDataLoaderStarved), `saturated` GPUUtilizationHigh, and the healthy
+`training` node nothing at all. Prometheus loads a test copy of the shipped rule files in which
+only the `for:` durations are divided by 30 (5m -> 10s); thresholds and range windows are as
+shipped, and the test proves the copy differs in nothing else. Alertmanager routes the alerts to a
+webhook receiver running in this test.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+from helpers import Daemon, parse_metrics, series, wait_until
+
+from exporter.alerting import thresholds
+from exporter.alerting.thresholds import duration_seconds
+
+PROMETHEUS = shutil.which("prometheus")
+ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+pytestmark = pytest.mark.skipif(
+    not (PROMETHEUS and ALERTMANAGER),
+    reason="needs Debian's prometheus and prometheus-alertmanager (scripts/test installs them)",
+)
+
+# `for:` durations in the test copy are the shipped ones divided by this.
+SPEEDUP = 30
+# The healthy `training` scenario saws with a 30 s period: 27 s near 96%, then a 3 s dip to 72%
+# (93.6% on average). A window that holds less than one period can read above 95%, which a 5 m
+# window never does. So the node starts a few seconds before its dip: its first scrape comes
+# before the dip (starting the process takes 1-4 s), and from the dip on every partial window
+# holds one; the few seconds before it are shorter than the shortened 10 s `for:`.
+TRAINING_DIP_STARTS = 27.0
+TRAINING_LEAD = 6.0
+UTILIZATION_ALERTS = {"GPUUtilizationLow", "GPUUtilizationHigh", "GPUDataLoaderStarved"}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def shortened(rule_file: dict[str, Any]) -> dict[str, Any]:
+    """Return a copy of a rule file with every `for:` divided by SPEEDUP, nothing else changed."""
+    result = copy.deepcopy(rule_file)
+    for group in result["groups"]:
+        for rule in group["rules"]:
+            if "for" in rule:
+                rule["for"] = f"{duration_seconds(rule['for']) * 1000 // SPEEDUP}ms"
+    return result
+
+
+def without_for(rule_file: dict[str, Any]) -> dict[str, Any]:
+    result = copy.deepcopy(rule_file)
+    for group in result["groups"]:
+        for rule in group["rules"]:
+            rule.pop("for", None)
+    return result
+
+
+@dataclass
+class Receiver:
+    """A webhook receiver: every notification Alertmanager posts, as parsed JSON."""
+
+    url: str
+    notifications: list[dict[str, Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def alerts(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [alert for note in self.notifications for alert in note["alerts"]]
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    holder: list[Receiver] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            with holder[0].lock:
+                holder[0].notifications.append(json.loads(body))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            """Keep the test output quiet."""
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    holder.append(Receiver(f"http://127.0.0.1:{server.server_address[1]}/"))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield holder[0]
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def processes() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start helper processes (Prometheus, Alertmanager); kill every one at teardown."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*command: str, log: Path) -> subprocess.Popen[str]:
+        with log.open("w") as output:
+            process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait(timeout=10)
+
+
+def write_rules(folder: Path) -> list[Path]:
+    """Write the test copy of the shipped rule files; prove it differs only in `for:`."""
+    folder.mkdir()
+    written = []
+    for shipped in sorted(thresholds.RULES_DIR.glob("*.rules.yml")):
+        original = yaml.safe_load(shipped.read_text(encoding="utf-8"))
+        fast = shortened(original)
+        assert without_for(fast) == without_for(original)
+        assert fast != original or "alerts" not in shipped.name
+        target = folder / shipped.name
+        target.write_text(yaml.safe_dump(fast, sort_keys=False), encoding="utf-8")
+        written.append(target)
+    return written
+
+
+def start_alertmanager(
+    tmp_path: Path, receiver: Receiver, start: Callable[..., subprocess.Popen[str]]
+) -> str:
+    port = free_port()
+    config = {
+        "route": {
+            "receiver": "test",
+            "group_by": ["alertname", "instance"],
+            "group_wait": "1s",
+            "group_interval": "1s",
+            "repeat_interval": "1h",
+        },
+        "receivers": [
+            {"name": "test", "webhook_configs": [{"url": receiver.url, "send_resolved": False}]}
+        ],
+    }
+    config_file = tmp_path / "alertmanager.yml"
+    config_file.write_text(yaml.safe_dump(config), encoding="utf-8")
+    assert ALERTMANAGER is not None
+    process = start(
+        ALERTMANAGER,
+        f"--config.file={config_file}",
+        f"--storage.path={tmp_path / 'alertmanager-data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        "--cluster.listen-address=",
+        log=tmp_path / "alertmanager.log",
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: _ok(url + "/-/ready") or process.poll() is not None, what="alertmanager")
+    assert process.poll() is None, (tmp_path / "alertmanager.log").read_text()
+    return url
+
+
+def start_prometheus(
+    tmp_path: Path,
+    targets: dict[str, str],
+    alertmanager: str,
+    start: Callable[..., subprocess.Popen[str]],
+) -> str:
+    port = free_port()
+    rule_files = write_rules(tmp_path / "rules")
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
+        "rule_files": [str(path) for path in rule_files],
+        "alerting": {
+            "alertmanagers": [
+                {"static_configs": [{"targets": [alertmanager.removeprefix("http://")]}]}
+            ]
+        },
+        "scrape_configs": [
+            {
+                "job_name": "gpuload",
+                "static_configs": [
+                    {"targets": [address], "labels": {"scenario": scenario}}
+                    for scenario, address in targets.items()
+                ],
+            }
+        ],
+    }
+    config_file = tmp_path / "prometheus.yml"
+    config_file.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    assert PROMETHEUS is not None
+    process = start(
+        PROMETHEUS,
+        f"--config.file={config_file}",
+        f"--storage.tsdb.path={tmp_path / 'prometheus-data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        log=tmp_path / "prometheus.log",
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: _ok(url + "/-/ready") or process.poll() is not None, what="prometheus")
+    assert process.poll() is None, (tmp_path / "prometheus.log").read_text()
+    return url
+
+
+def _ok(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=1).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def gpu_uuids(daemon: Daemon) -> dict[str, str]:
+    """GPU index -> UUID as the daemon itself reports them in gpu_info."""
+    info = series(parse_metrics(daemon.get("/metrics").text), "gpu_info")
+    return {dict(labels)["gpu"]: dict(labels)["uuid"] for labels in info}
+
+
+def received(receiver: Receiver, alertname: str, instance: str) -> list[dict[str, Any]]:
+    return [
+        alert
+        for alert in receiver.alerts()
+        if alert["labels"]["alertname"] == alertname and alert["labels"]["instance"] == instance
+    ]
+
+
+def check_alert(
+    alert: dict[str, Any],
+    *,
+    severity: str,
+    scenario: str,
+    instance: str,
+    uuids: dict[str, str],
+    summary: str,
+    description: str,
+) -> float:
+    """Assert an alert's exact labels and annotations; return the value in its description."""
+    labels = alert["labels"]
+    gpu = labels["gpu"]
+    assert alert["status"] == "firing"
+    assert labels == {
+        "alertname": labels["alertname"],
+        "severity": severity,
+        "instance": instance,
+        "job": "gpuload",
+        "scenario": scenario,
+        "gpu": gpu,
+        "uuid": uuids[gpu],
+    }
+    annotations = alert["annotations"]
+    assert annotations["summary"] == summary
+    assert annotations["runbook_url"] == thresholds.load().runbook_url(labels["alertname"])
+    pattern = description.format(
+        where=re.escape(f"GPU {gpu} ({uuids[gpu]}) on {instance}"), value=r"([0-9.]+)%"
+    )
+    match = re.fullmatch(pattern, annotations["description"])
+    assert match, annotations["description"]
+    return float(match.group(1))
+
+
+def test_starved_and_saturated_nodes_alert_and_healthy_training_stays_quiet(
+    tmp_path: Path,
+    daemon_factory: Callable[..., Daemon],
+    receiver: Receiver,
+    processes: Callable[..., subprocess.Popen[str]],
+) -> None:
+    interval = ("--collect.interval", "1s")
+    starved = daemon_factory("--simulate", "data-starved", *interval)
+    saturated = daemon_factory("--simulate", "saturated", *interval)
+    training_port = free_port()
+    training_address = f"127.0.0.1:{training_port}"
+    targets = {
+        "data-starved": starved.url.removeprefix("http://").rstrip("/"),
+        "saturated": saturated.url.removeprefix("http://").rstrip("/"),
+        "training": training_address,
+    }
+    alertmanager = start_alertmanager(tmp_path, receiver, processes)
+    prometheus = start_prometheus(tmp_path, targets, alertmanager, processes)
+    # Prometheus is scraping every second already: `training` starts shortly before its dip.
+    training = daemon_factory(
+        "--simulate",
+        "training",
+        *interval,
+        "--sim.epoch",
+        str(time.time() - (TRAINING_DIP_STARTS - TRAINING_LEAD)),
+        "--web.listen-address",
+        training_address,
+    )
+
+    def arrived() -> bool:
+        return bool(
+            received(receiver, "GPUUtilizationLow", targets["data-starved"])
+            and received(receiver, "GPUDataLoaderStarved", targets["data-starved"])
+            and received(receiver, "GPUUtilizationHigh", targets["saturated"])
+        )
+
+    wait_until(arrived, timeout=60, what="the starved and saturated alerts at the receiver")
+
+    low = thresholds.load().alert("GPUUtilizationLow").number("below") * 100
+    high = thresholds.load().alert("GPUUtilizationHigh").number("above") * 100
+    starved_uuids = gpu_uuids(starved)
+    for alert in received(receiver, "GPUUtilizationLow", targets["data-starved"]):
+        value = check_alert(
+            alert,
+            severity="warning",
+            scenario="data-starved",
+            instance=targets["data-starved"],
+            uuids=starved_uuids,
+            summary="A GPU in use is mostly idle",
+            description=(
+                r"{where} has work on it but averaged {value} utilization over the last 5m,"
+                r" below 30%: it waits on something other than its own compute\."
+            ),
+        )
+        assert 0 < value < low
+    for alert in received(receiver, "GPUDataLoaderStarved", targets["data-starved"]):
+        check_alert(
+            alert,
+            severity="warning",
+            scenario="data-starved",
+            instance=targets["data-starved"],
+            uuids=starved_uuids,
+            summary="A GPU keeps waiting for its input",
+            description=(
+                r"{where} swung between near idle \(below 10%\) and busy \(above 40%\) over the"
+                r" last 5m, averaging {value}: the input pipeline does not keep up\."
+            ),
+        )
+    saturated_uuids = gpu_uuids(saturated)
+    for alert in received(receiver, "GPUUtilizationHigh", targets["saturated"]):
+        value = check_alert(
+            alert,
+            severity="info",
+            scenario="saturated",
+            instance=targets["saturated"],
+            uuids=saturated_uuids,
+            summary="A GPU is saturated",
+            description=(
+                r"{where} averaged {value} utilization over the last 5m, above 95%:"
+                r" it has no headroom left\."
+            ),
+        )
+        assert high < value <= 100
+
+    # Give `training` at least as long as the slowest shortened utilization alert needs, counted
+    # in evaluations of its recording rule, then a little more.
+    longest = max(
+        duration_seconds(thresholds.load().alert(name).for_) / SPEEDUP
+        for name in (*UTILIZATION_ALERTS, "GPULoadImbalance")
+    )
+
+    def evaluations() -> list[float]:
+        result = requests.get(
+            prometheus + "/api/v1/query",
+            params={
+                "query": 'count_over_time(gpu:gpu_utilization_ratio:avg5m{scenario="training"}[5m])'
+            },
+            timeout=5,
+        ).json()["data"]["result"]
+        return [float(sample["value"][1]) for sample in result]
+
+    wait_until(
+        lambda: len(evaluations()) == 8 and min(evaluations()) >= longest + 3,
+        timeout=60,
+        what="the training node's evaluations",
+    )
+    assert training.process.poll() is None
+    assert not [
+        alert for alert in receiver.alerts() if alert["labels"]["instance"] == training_address
+    ]
+    # Nothing fired for `training` at any evaluation of the whole run, not only at the end.
+    history = requests.get(
+        prometheus + "/api/v1/query",
+        params={"query": 'ALERTS{scenario="training", alertstate="firing"}[5m]'},
+        timeout=5,
+    ).json()
+    assert history["status"] == "success"
+    assert history["data"]["result"] == []
+    # ...and it went through a dip of its healthy saw, as it would in any 5 m window.
+    dips = requests.get(
+        prometheus + "/api/v1/query",
+        params={"query": 'min_over_time(gpu_utilization_ratio{scenario="training"}[5m]) < 0.9'},
+        timeout=5,
+    ).json()["data"]["result"]
+    assert len(dips) == 8
