@@ -1,0 +1,185 @@
+"""The relay's configuration and routing: defaults, layers, secrets, errors naming key paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from exporter.relay.config import ConfigError, load
+from exporter.relay.routes import Route, parse_matcher, targets_for
+
+
+def write(tmp_path: Path, document: dict[str, Any]) -> Path:
+    path = tmp_path / "relay.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def loopback(**document: Any) -> dict[str, Any]:
+    return {"web": {"listen_address": "127.0.0.1:19401"}, **document}
+
+
+def test_defaults_listen_on_19401_and_require_auth_there() -> None:
+    with pytest.raises(ConfigError, match=r"web.auth: required when listening on :19401"):
+        load()
+    settings = load(flags={"web.listen_address": "127.0.0.1:19401"})
+    assert settings.web.max_body_bytes == 1 << 20
+    assert settings.web.path == "/alerts"
+    assert settings.queue.max_age == 3600
+
+
+def test_auth_from_file_and_env_without_showing_them(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("t0ken\n")
+    settings = load(file=write(tmp_path, {"web": {"auth": {"bearer_token_file": "token"}}}))
+    assert settings.web.listen_address == ":19401"
+    assert settings.web.auth.bearer_token is not None
+    assert settings.web.auth.bearer_token.value == "t0ken"
+    assert "t0ken" not in repr(settings) and "t0ken" not in str(settings.web.auth.bearer_token)
+    basic = {"web": {"auth": {"basic_auth": {"username": "am", "password_env": "RELAY_PW"}}}}
+    settings = load(file=write(tmp_path, basic), environ={"RELAY_PW": "pw"})
+    assert (settings.web.auth.username, settings.web.auth.password.value) == ("am", "pw")
+
+
+def test_opting_out_of_auth_is_explicit() -> None:
+    settings = load(flags={"web.allow_unauthenticated": "true"})
+    assert settings.web.auth.bearer_token is None
+
+
+def test_environment_beats_file_and_flags_beat_environment(tmp_path: Path) -> None:
+    path = write(tmp_path, loopback(queue={"path": "from-file.db", "max_age": "2h"}))
+    settings = load(
+        file=path,
+        environ={"GPULOAD_RELAY_QUEUE_PATH": "from-env.db", "GPULOAD_RELAY_QUEUE_MAX_AGE": "30m"},
+        flags={"queue.path": "from-flag.db"},
+    )
+    assert settings.queue.path == "from-flag.db"
+    assert settings.queue.max_age == 1800
+
+
+@pytest.mark.parametrize(
+    ("document", "environ", "message"),
+    [
+        (
+            loopback(queue={"max_age": "soon"}),
+            {},
+            r"config file queue.max_age: 'soon' is not valid",
+        ),
+        (loopback(quue={"path": "x"}), {}, r"config file quue.path: unknown setting"),
+        (loopback(), {"GPULOAD_RELAY_QUEUE_PATHS": "x"}, r"GPULOAD_RELAY_QUEUE_PATHS: not a"),
+        (
+            loopback(targets={"s": {"type": "slak", "url": "https://x"}}),
+            {},
+            r"targets.s.type: 'slak' is not valid: expected one of dingtalk, discord",
+        ),
+        (loopback(targets={"s": {"type": "slack"}}), {}, r"targets.s: url .* is required"),
+        (
+            loopback(targets={"s": {"type": "slack", "url_env": "NOPE"}}),
+            {},
+            r"targets.s.url_env: environment variable NOPE is not set",
+        ),
+        (
+            loopback(targets={"s": {"type": "slack", "url": "https://x", "secret": "y"}}),
+            {},
+            r"targets.s.secret: not used by type slack",
+        ),
+        (
+            loopback(targets={"s": {"type": "slack", "url": "https://x", "colour": 1}}),
+            {},
+            r"targets.s.colour: unknown setting",
+        ),
+        (
+            loopback(targets={"s": {"type": "slack", "url": "https://x", "template": "{{ a"}}),
+            {},
+            r"targets.s.template: line 1",
+        ),
+        (
+            loopback(route={"targets": ["nope"]}),
+            {},
+            r"route.targets\[0\]: 'nope' is not a target",
+        ),
+        (
+            loopback(
+                targets={"s": {"type": "slack", "url": "https://x"}},
+                route={"routes": [{"matchers": ["severity=~(bad"], "targets": ["s"]}]},
+            ),
+            {},
+            r"route.routes\[0\].matchers\[0\]: 'severity=~\(bad' is not valid: bad regular",
+        ),
+        (
+            loopback(message={"timezone": "Mars/Olympus"}),
+            {},
+            r"message.timezone: 'Mars/Olympus' is not valid: expected an IANA time zone",
+        ),
+        (
+            {"web": {"listen_address": ":19401", "auth": {"bearer_token": "inline"}}},
+            {},
+            r"web.auth.bearer_token: unknown setting",
+        ),
+    ],
+)
+def test_errors_name_the_key_path(
+    tmp_path: Path, document: dict[str, Any], environ: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load(file=write(tmp_path, document), environ=environ)
+
+
+def test_targets_and_routes_from_the_example_file(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parent.parent / "examples" / "relay.yaml"
+    environ = {
+        "RELAY_TOKEN": "t",
+        "SLACK_OPS_URL": "https://hooks.slack.com/services/T/B/x",
+        "SLACK_ML_URL": "https://hooks.slack.com/services/T/B/y",
+        "PAGERDUTY_ROUTING_KEY": "k",
+        "DINGTALK_URL": "https://oapi.dingtalk.com/robot/send?access_token=a",
+        "DINGTALK_SECRET": "SEC",
+    }
+    settings = load(file=example, environ=environ)
+    assert {t.kind for t in settings.targets.values()} >= {"slack", "pagerduty", "dingtalk"}
+    assert targets_for(settings.route, {"severity": "critical", "team": "ml"}) == [
+        "pagerduty",
+        "slack-ml",
+    ]
+    assert targets_for(settings.route, {"severity": "warning"}) == ["slack-ops"]
+    assert "hooks.slack.com" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("text", "labels", "matches"),
+    [
+        ('severity="critical"', {"severity": "critical"}, True),
+        ('severity="critical"', {"severity": "warning"}, False),
+        ("severity!=critical", {}, True),
+        ('team=~"ml|ai"', {"team": "ai"}, True),
+        ('team=~"ml|ai"', {"team": "mlops"}, False),  # anchored, as in Alertmanager
+        ('team!~"ml.*"', {"team": "infra"}, True),
+        ('node=""', {}, True),
+        (r'summary="say \"hi\""', {"summary": 'say "hi"'}, True),
+    ],
+)
+def test_matchers_work_like_alertmanager(text: str, labels: dict[str, str], matches: bool) -> None:
+    assert parse_matcher(text).matches(labels) is matches
+
+
+def test_first_match_wins_unless_continue() -> None:
+    def route(matcher: str, target: str, keep_going: bool = False) -> Route:
+        return Route((parse_matcher(matcher),), (target,), keep_going)
+
+    tree = Route(
+        targets=("default",),
+        routes=(
+            route('severity="critical"', "pager", keep_going=True),
+            route('team="ml"', "ml"),
+            route('team=~".+"', "teams"),
+            Route((parse_matcher('gpu!=""'),), (), routes=(route('node="n1"', "n1"),)),
+        ),
+    )
+    assert targets_for(tree, {"severity": "critical", "team": "ml"}) == ["pager", "ml"]
+    assert targets_for(tree, {"team": "infra"}) == ["teams"]
+    assert targets_for(tree, {"severity": "info"}) == ["default"]
+    # A child without targets inherits its parent's; its own children refine it.
+    assert targets_for(tree, {"gpu": "0"}) == ["default"]
+    assert targets_for(tree, {"gpu": "0", "node": "n1"}) == ["n1"]
