@@ -396,6 +396,8 @@ class Collection:
         for gpu in self._gpus.values():
             identity = gpu.identity
             if identity is None:
+                # Lost before it could be identified: still say so, without a UUID.
+                up.add_metric([str(gpu.index), ""], 0)
                 continue
             labels = [str(gpu.index), identity.uuid]
             info.add_metric(

@@ -21,7 +21,7 @@ from functools import partial
 
 from exporter import nvml
 from exporter.collectors.base import Family, Reader, Sample, register
-from exporter.nvml import Device, ProcessMemory
+from exporter.nvml import Device, ProcessMemory, ProcessUtilization
 
 OTHER = ("", "(other)")
 
@@ -58,6 +58,7 @@ class ProcessesCollector:
         self._top = top
         self._names: dict[int, str] = {}
         self._last_seen_us = 0
+        self._sm_ratios: dict[tuple[str, str], float] = {}
 
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Yield the process count and per-process series for the largest processes."""
@@ -82,23 +83,33 @@ class ProcessesCollector:
         self, device: Device, read: Reader, labels: dict[int, tuple[str, str]]
     ) -> Iterator[Sample]:
         samples = read(partial(device.process_utilization, self._last_seen_us))
-        if not samples:
+        if samples is None:
             return
-        self._last_seen_us = max(sample.timestamp_us for sample in samples)
-        percents: dict[int, list[int]] = defaultdict(list)
-        for sample in samples:
-            percents[sample.pid].append(sample.sm_percent)
-        # Processes outside the top share one row: their means add up.
-        ratios: dict[tuple[str, str], float] = defaultdict(float)
-        for pid, values in percents.items():
-            ratios[labels.get(pid, OTHER)] += sum(values) / len(values) / 100
-        for key, ratio in ratios.items():
-            yield Sample("gpu_process_sm_utilization_ratio", min(ratio, 1.0), key)
+        if samples:
+            self._last_seen_us = max(sample.timestamp_us for sample in samples)
+            self._sm_ratios = _sm_ratios(samples, labels)
+        # No new sample since the last collection: the last figures still hold.
+        for key, ratio in self._sm_ratios.items():
+            if key == OTHER or key in labels.values():
+                yield Sample("gpu_process_sm_utilization_ratio", ratio, key)
 
     def _name(self, pid: int) -> str:
         if pid not in self._names:
             self._names[pid] = nvml.process_name(pid)
         return self._names[pid]
+
+
+def _sm_ratios(
+    samples: list[ProcessUtilization], labels: dict[int, tuple[str, str]]
+) -> dict[tuple[str, str], float]:
+    """Mean SM utilization per shown process; the others' means added up under OTHER."""
+    percents: dict[int, list[int]] = defaultdict(list)
+    for sample in samples:
+        percents[sample.pid].append(sample.sm_percent)
+    ratios: dict[tuple[str, str], float] = defaultdict(float)
+    for pid, values in percents.items():
+        ratios[labels.get(pid, OTHER)] += sum(values) / len(values) / 100
+    return {key: min(ratio, 1.0) for key, ratio in ratios.items()}
 
 
 def _total_memory(processes: list[ProcessMemory]) -> int:

@@ -76,8 +76,16 @@ class XidWatcher:
 
     def start(self) -> bool:
         """Open the event set for every GPU and start waiting; False where events are absent."""
-        devices = [nvml.device(index) for index in range(nvml.device_count())]
-        self.uuids = {device.index: device.identity().uuid for device in devices}
+        devices = []
+        for index in range(nvml.device_count()):
+            try:
+                device = nvml.device(index)
+                self.uuids[index] = device.identity().uuid
+            except NvmlError as error:
+                # A GPU already lost cannot report events; the others still can.
+                log.debug("GPU %d left out of the XID event set: %s", index, error)
+                continue
+            devices.append(device)
         try:
             self._event_set = XidEventSet(devices)
         except NotSupported:

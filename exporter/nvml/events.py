@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
+from typing import Any
 
 import pynvml
 
@@ -25,6 +27,8 @@ class XidEventSet:
         with translated():
             self._event_set = pynvml.nvmlEventSetCreate()
         self.registered: list[int] = []
+        # By handle address: a lost GPU answers no call, nvmlDeviceGetIndex included.
+        self._index_by_handle: dict[int | None, int] = {}
         for device in devices:
             try:
                 with translated():
@@ -34,20 +38,25 @@ class XidEventSet:
             except NotSupported:
                 continue
             self.registered.append(device.index)
+            self._index_by_handle[_address(device.handle)] = device.index
 
     def wait(self, timeout_ms: int) -> XidEvent | None:
         """Block up to `timeout_ms` for the next XID event; None when none came."""
         try:
             with translated():
                 data = pynvml.nvmlEventSetWait_v2(self._event_set, timeout_ms)
-                gpu = int(pynvml.nvmlDeviceGetIndex(data.device))
         except NvmlError as error:
             if error.code == pynvml.NVML_ERROR_TIMEOUT:
                 return None
             raise
+        gpu = self._index_by_handle.get(_address(data.device), -1)
         return XidEvent(gpu=gpu, xid=int(data.eventData))
 
     def free(self) -> None:
         """Release the event set."""
         with translated():
             pynvml.nvmlEventSetFree(self._event_set)
+
+
+def _address(handle: Any) -> int | None:
+    return ctypes.cast(handle, ctypes.c_void_p).value

@@ -142,8 +142,14 @@ def test_real_time_clock_delivers_when_the_event_is_due(
     assert (data.eventData, 0.15 < time.monotonic() - started < 2) == (48, True)
 
 
-def test_gpus_without_event_support_refuse_registration() -> None:
-    install("mixed", pinned_time=10.0)  # its GPUs lack `events` (kept out of its golden file)
+def test_gpus_without_event_support_refuse_registration(tmp_path: Path) -> None:
+    scenario = tmp_path / "no-events.yaml"
+    scenario.write_text(
+        "driver: {version: '550.90.07', cuda_version: 12040}\n"
+        "gpus: [{model: h100-sxm, lacks: [events]}]\n"
+        "phases: [{duration: 1h, utilization: 0.5}]\n"
+    )
+    install(scenario, pinned_time=10.0)
     pynvml.nvmlInit()
     event_set = pynvml.nvmlEventSetCreate()
     with pytest.raises(pynvml.NVMLError_NotSupported):
