@@ -1,0 +1,287 @@
+"""Deep-signal collectors against the simulated NVML.
+
+GPM, MIG, NVLink, PCIe traffic, XID, ECC and row remapping, processes; each including the
+GPUs and drivers that lack the feature.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pynvml
+import pytest
+from helpers import Clock, parse_metrics, series, value_of
+from prometheus_client import generate_latest
+
+from exporter import sim
+from exporter.collection import Collection, Snapshot
+from exporter.collectors import REGISTRY
+from exporter.server.http import build_registry
+
+ALL_ON = {name: True for name in REGISTRY}
+
+
+def scrape(snapshot: Snapshot) -> dict:
+    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+
+
+@contextlib.contextmanager
+def node(
+    scenario: str | Path,
+    *,
+    at: float = 30,
+    options: dict | None = None,
+    enabled: dict[str, bool] | None = None,
+) -> Iterator[tuple[Clock, Collection, sim.SimulatedNvml]]:
+    clock = Clock(at)
+    simulator = sim.install(scenario, clock=clock, epoch=0)
+    collection = Collection(enabled or ALL_ON, timeout=5, options=options)
+    try:
+        yield clock, collection, simulator
+    finally:
+        collection.close()
+        sim.uninstall()
+
+
+def labels_of(samples: dict, gpu: str) -> dict[str, str]:
+    (uuid,) = [
+        dict(labels)["uuid"] for labels in series(samples, "gpu_up") if dict(labels)["gpu"] == gpu
+    ]
+    return {"gpu": gpu, "uuid": uuid}
+
+
+def wait_for(collection: Collection, condition: Callable[[dict], bool]) -> dict:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        samples = scrape(collection.run_cycle())
+        if condition(samples):
+            return samples
+        time.sleep(0.1)
+    raise AssertionError("condition not reached")
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+MEMORY_BOUND = """
+driver: {version: "550.90.07", cuda_version: 12040}
+gpus:
+  - model: h100-sxm
+  - model: a100-sxm4-80gb
+phases:
+  - duration: 1h
+    utilization: 0.98
+    sm_active: {pattern: square, min: 0.2, max: 0.4, period: 2}
+    dram_active: 0.9
+    tensor_active: 0.08
+"""
+
+
+def test_gpm_ratios_are_averages_between_collections(tmp_path: Path) -> None:
+    with node(write(tmp_path, MEMORY_BOUND), at=30) as (clock, collection, _):
+        first = scrape(collection.run_cycle())
+        h100, a100 = labels_of(first, "0"), labels_of(first, "1")
+        # One GPM sample only: no interval to average over yet.
+        assert value_of(first, "gpu_sm_active_ratio", **h100) is None
+        clock.now = 32  # a whole square-wave period later
+        samples = scrape(collection.run_cycle())
+    assert value_of(samples, "gpu_sm_active_ratio", **h100) == pytest.approx(0.3)
+    assert value_of(samples, "gpu_dram_active_ratio", **h100) == pytest.approx(0.9)
+    assert value_of(samples, "gpu_tensor_active_ratio", **h100) == pytest.approx(0.08)
+    assert value_of(samples, "gpu_utilization_ratio", **h100) == pytest.approx(0.98)
+    # An A100 has no GPM: absent, not zero, and gpu_info says which path each GPU took.
+    assert value_of(samples, "gpu_sm_active_ratio", **a100) is None
+    profiling = {
+        dict(labels)["gpu"]: dict(labels)["profiling"] for labels in series(samples, "gpu_info")
+    }
+    assert profiling == {"0": "gpm", "1": "none"}
+    assert value_of(samples, "gpuload_collector_success", collector="gpm") == 1
+
+
+def test_gpm_samples_are_freed_when_the_daemon_stops(tmp_path: Path) -> None:
+    with node(write(tmp_path, MEMORY_BOUND)) as (clock, collection, simulator):
+        collection.run_cycle()
+        clock.now += 1
+        collection.run_cycle()
+        assert simulator.gpm_samples.open == 2  # two buffers for the one GPU with GPM
+    assert simulator.gpm_samples.open == 0
+    assert simulator.gpm_samples.allocated == 2  # allocated once, not per collection
+
+
+def test_mig_instances_report_memory_and_gpm_without_whole_gpu_utilization() -> None:
+    with node("h100-mig", at=300) as (clock, collection, _):
+        collection.run_cycle()
+        clock.now = 302
+        samples = scrape(collection.run_cycle())
+    mig_gpu = labels_of(samples, "0")
+    assert value_of(samples, "gpu_mig_mode_enabled", **mig_gpu) == 1
+    assert value_of(samples, "gpu_mig_mode_enabled", **labels_of(samples, "1")) == 0
+    totals = series(samples, "gpu_mig_memory_total_bytes")
+    assert sorted(dict(labels)["mig_profile"] for labels in totals) == [
+        "2g.20gb",
+        "2g.20gb",
+        "3g.40gb",
+    ]
+    instance = {**mig_gpu, "mig_instance": "1", "mig_profile": "3g.40gb"}
+    assert value_of(samples, "gpu_mig_sm_active_ratio", **instance) == pytest.approx(0.7)
+    assert value_of(samples, "gpu_mig_memory_used_bytes", **instance) >= 30 * 2**30
+    # NVML has no whole-GPU utilization in MIG mode: absent, and not an error.
+    assert value_of(samples, "gpu_utilization_ratio", **mig_gpu) is None
+    assert value_of(samples, "gpuload_collector_success", collector="utilization") == 1
+
+
+def test_a100_mig_has_seven_instances_and_no_gpm() -> None:
+    with node("a100-mig", at=300) as (_, collection, _sim):
+        collection.run_cycle()
+        samples = scrape(collection.run_cycle())
+    gpu0 = labels_of(samples, "0")
+    profiles = [
+        dict(labels)["mig_profile"]
+        for labels in series(samples, "gpu_mig_memory_total_bytes")
+        if dict(labels)["gpu"] == "0"
+    ]
+    assert profiles == ["1g.10gb"] * 7
+    assert series(samples, "gpu_mig_sm_active_ratio") == {}
+    assert value_of(samples, "gpu_mig_mode_enabled", **gpu0) == 1
+
+
+def test_nvlink_links_traffic_and_a_link_down() -> None:
+    with node("h100-nvlink", at=60) as (clock, collection, _):
+        first = scrape(collection.run_cycle())
+        clock.now = 70
+        later = scrape(collection.run_cycle())
+    gpu5 = labels_of(later, "5")
+    up = {
+        dict(labels)["link"]: value
+        for labels, value in series(later, "gpu_nvlink_link_up").items()
+        if dict(labels)["gpu"] == "5"
+    }
+    assert len(up) == 18
+    assert up["3"] == 0 and sum(up.values()) == 17
+    sent_before = value_of(first, "gpu_nvlink_transmit_bytes_total", **gpu5, link="0")
+    sent_after = value_of(later, "gpu_nvlink_transmit_bytes_total", **gpu5, link="0")
+    assert sent_after > sent_before
+    assert value_of(later, "gpu_nvlink_crc_errors_total", **gpu5, link="3", type="flit") >= 0
+    assert value_of(later, "gpuload_collector_success", collector="nvlink") == 1
+
+
+def test_pcie_cards_have_no_nvlink_series() -> None:
+    with node("mixed", at=100) as (_, collection, _sim):
+        samples = scrape(collection.run_cycle())
+    assert series(samples, "gpu_nvlink_link_up") == {}
+    assert value_of(samples, "gpuload_collector_success", collector="nvlink") == 1
+
+
+def test_pcie_byte_counters_come_from_field_values_in_one_call() -> None:
+    with node("h100-nvlink", at=60) as (_, collection, simulator):
+        samples = scrape(collection.run_cycle())
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        fields = pynvml.nvmlDeviceGetFieldValues(
+            handle, [pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES]
+        )
+    gpu0 = labels_of(samples, "0")
+    assert value_of(samples, "gpu_pcie_transmit_bytes_total", **gpu0) == fields[0].value.ullVal
+    assert value_of(samples, "gpu_pcie_receive_bytes_total", **gpu0) == fields[1].value.ullVal
+    assert simulator.calls["nvmlDeviceGetPcieThroughput"] == 0
+
+
+def test_pcie_traffic_falls_back_to_throughput_integrated_over_time() -> None:
+    with node("legacy-v100", at=60) as (_, collection, simulator):
+        first = scrape(collection.run_cycle())
+        time.sleep(0.2)  # the fallback integrates KiB/s over real elapsed time
+        second = scrape(collection.run_cycle())
+        gpu0 = labels_of(second, "0")
+        assert value_of(first, "gpu_pcie_transmit_bytes_total", **gpu0) == 0
+        assert value_of(second, "gpu_pcie_transmit_bytes_total", **gpu0) > 0
+        assert value_of(second, "gpu_pcie_receive_bytes_total", **gpu0) > 0
+        # tx and rx, for each of the 8 GPUs, each cycle.
+        assert simulator.calls["nvmlDeviceGetPcieThroughput"] == 2 * 8 * 2
+
+
+def test_xid_79_is_counted_and_the_lost_gpu_keeps_its_identity() -> None:
+    with node("fell-off-bus", at=50) as (clock, collection, _):
+        before = wait_for(collection, lambda s: len(series(s, "gpu_xid_errors_total")) == 3)
+        gpu3 = labels_of(before, "3")
+        assert value_of(before, "gpu_last_xid_code", **gpu3) == 0
+        clock.now = 65
+        after = wait_for(collection, lambda s: value_of(s, "gpu_up", **gpu3) == 0)
+        after = wait_for(
+            collection, lambda s: value_of(s, "gpu_xid_errors_total", **gpu3, xid="79") == 1
+        )
+    assert value_of(after, "gpu_last_xid_code", **gpu3) == 79
+    assert value_of(after, "gpu_xid_errors_total", **labels_of(after, "1"), xid="13") == 1
+    assert any(dict(labels)["uuid"] == gpu3["uuid"] for labels in series(after, "gpu_info"))
+    others = [labels for labels, up in series(after, "gpu_up").items() if up == 1]
+    assert len(others) == 7
+    assert len(series(after, "gpu_utilization_ratio")) == 7
+
+
+def test_uncorrectable_ecc_with_pending_and_failed_remaps() -> None:
+    with node("ecc-remap", at=20) as (clock, collection, _):
+        before = scrape(collection.run_cycle())
+        gpu1, gpu2 = labels_of(before, "1"), labels_of(before, "2")
+        assert value_of(before, "gpu_row_remap_pending", **gpu1) == 0
+        clock.now = 120
+        after = scrape(collection.run_cycle())
+    uncorrected = {"type": "uncorrected", "counter": "volatile"}
+    assert value_of(before, "gpu_ecc_errors_total", **gpu1, **uncorrected) == 0
+    assert value_of(after, "gpu_ecc_errors_total", **gpu1, **uncorrected) == 1
+    assert value_of(after, "gpu_row_remap_pending", **gpu1) == 1
+    assert value_of(after, "gpu_remapped_rows", **gpu1, type="uncorrectable") == 1
+    assert value_of(after, "gpu_row_remap_failed", **gpu2) == 1
+    assert value_of(after, "gpu_ecc_mode_enabled", **gpu1) == 1
+    assert series(after, "gpu_retired_pages") == {}
+
+
+def test_pre_ampere_gpus_report_retired_pages_instead_of_remapped_rows() -> None:
+    with node("legacy-v100", at=400) as (_, collection, _sim):
+        samples = scrape(collection.run_cycle())
+    assert series(samples, "gpu_remapped_rows") == {}
+    gpu6 = labels_of(samples, "6")
+    retired = value_of(samples, "gpu_retired_pages", **gpu6, cause="single_bit") + value_of(
+        samples, "gpu_retired_pages", **gpu6, cause="double_bit"
+    )
+    assert retired >= 1
+
+
+MANY_PROCESSES = """
+driver: {version: "550.90.07", cuda_version: 12040}
+gpus:
+  - model: h100-sxm
+phases:
+  - duration: 1h
+    utilization: 0.8
+    processes:
+      - {name: python big.py, memory: 20GiB}
+      - {name: python worker.py, memory: 1GiB, count: 11}
+"""
+
+
+def test_processes_beyond_the_top_are_summed_under_other(tmp_path: Path) -> None:
+    with node(write(tmp_path, MANY_PROCESSES), options={"processes": {"top": 3}}) as (
+        clock,
+        collection,
+        _,
+    ):
+        collection.run_cycle()
+        clock.now += 2
+        samples = scrape(collection.run_cycle())
+    gpu0 = labels_of(samples, "0")
+    assert value_of(samples, "gpu_processes", **gpu0) == 12
+    memory = {
+        dict(labels)["process"]: value
+        for labels, value in series(samples, "gpu_process_memory_used_bytes").items()
+    }
+    # The biggest, two more, and the remaining nine workers in one row.
+    assert len(series(samples, "gpu_process_memory_used_bytes")) == 4
+    assert memory["python big.py"] == 20 * 2**30
+    assert memory["(other)"] == 9 * 2**30
+    utilization = series(samples, "gpu_process_sm_utilization_ratio")
+    assert sum(utilization.values()) == pytest.approx(0.8, abs=0.05)
