@@ -109,6 +109,11 @@ def test_environment_beats_file_and_flags_beat_environment(tmp_path: Path) -> No
             r"route.routes\[0\].matchers\[0\]: 'severity=~\(bad' is not valid: bad regular",
         ),
         (
+            loopback(targets={"s": {"type": "slack", "url": "https://x"}}),
+            {},
+            r"config file route: give the top route's targets",
+        ),
+        (
             loopback(message={"timezone": "Mars/Olympus"}),
             {},
             r"message.timezone: 'Mars/Olympus' is not valid: expected an IANA time zone",

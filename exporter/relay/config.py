@@ -306,6 +306,10 @@ def load(
     secrets = _Secrets(Path(file).parent if file else Path.cwd(), environ)
     targets = _targets(from_file.get("targets"), secrets)
     route = _route(from_file.get("route", {}), "route", set(targets), top=True)
+    if targets and not route.targets and not route.routes:
+        raise ConfigError(
+            "config file route: give the top route's targets (the default) and/or child routes"
+        )
     return _build(values, secrets, targets, route)
 
 

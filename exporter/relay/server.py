@@ -196,9 +196,7 @@ class RelayApplication:
         if not rows:
             self._problems.report(
                 "unrouted",
-                "a notification matched no route and the top route "
-                "has no targets; it was dropped (group %s)",
-                notification.group_key,
+                "a notification matched no route and the top route has no targets: dropped",
             )
         for target, queued in results:
             if queued:
