@@ -17,8 +17,9 @@ from typing import Any
 import yaml
 
 ENV_PREFIX = "GPULOAD_"
-# Variables the simulated NVML reads in programs started by `gpuload sim exec`.
-_RESERVED_ENV_PREFIX = "GPULOAD_SIM_"
+# Variables of others: the simulated NVML in programs started by `gpuload sim exec`, and
+# the relay's settings, which may share an environment with the exporter.
+_RESERVED_ENV_PREFIXES = ("GPULOAD_SIM_", "GPULOAD_RELAY_")
 DEFAULT_PORT = 19400
 
 
@@ -198,7 +199,7 @@ def _read_env(environ: Mapping[str, str], settings: Mapping[str, Any]) -> dict[s
     by_name = {env_name(key): key for key in settings}
     found: dict[str, Any] = {}
     for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name.startswith(_RESERVED_ENV_PREFIX):
+        if not name.startswith(ENV_PREFIX) or name.startswith(_RESERVED_ENV_PREFIXES):
             continue
         if name not in by_name:
             raise ConfigError(f"environment variable {name}: not a gpuload setting")

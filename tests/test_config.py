@@ -89,9 +89,11 @@ def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
         config.load(file=tmp_path / "absent.yaml")
 
 
-def test_simulator_variables_are_not_settings(tmp_path: Path) -> None:
-    settings = load(tmp_path, environ={"GPULOAD_SIM_SCENARIO": "training"})
+def test_simulator_and_relay_variables_are_not_exporter_settings(tmp_path: Path) -> None:
+    environ = {"GPULOAD_SIM_SCENARIO": "training", "GPULOAD_RELAY_WEB_LISTEN_ADDRESS": ":1"}
+    settings = load(tmp_path, environ=environ)
     assert settings.simulate.scenario is None
+    assert settings.web.listen_address == ":19400"
 
 
 def test_collect_timeout_defaults_below_the_interval(tmp_path: Path) -> None:

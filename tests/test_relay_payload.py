@@ -159,9 +159,10 @@ def test_no_input_makes_the_endpoint_answer_500(tmp_path: Path) -> None:
                 {},
                 optional={
                     "Content-Type": st.sampled_from(["application/json", "text/plain", "x/y"]),
+                    # The client refuses header values with surrounding whitespace.
                     "Authorization": st.text(
                         st.characters(min_codepoint=32, max_codepoint=126), max_size=40
-                    ),
+                    ).filter(lambda value: value == value.strip()),
                 },
             )
 

@@ -8,7 +8,6 @@ import sqlite3
 import threading
 import time
 from types import FrameType
-from typing import cast
 
 from exporter.relay import targets
 from exporter.relay.config import RelayConfig
@@ -17,7 +16,7 @@ from exporter.relay.metrics import RelayMetrics
 from exporter.relay.queue import Queue
 from exporter.relay.server import RelayApplication
 from exporter.relay.templates import MessageSettings
-from exporter.server.http import Application, Server
+from exporter.server.http import Server
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +49,7 @@ class Relay:
             max_age=config.queue.max_age,
             wake=self._wake,
         )
-        # Server is typed for the exporter's Application; it serves any WSGI callable.
-        self.server = Server(config.web.listen_address, cast(Application, self.app))
+        self.server = Server(config.web.listen_address, self.app)
         self._stopped = threading.Event()
         self._pruner = threading.Thread(target=self._prune, name="prune", daemon=True)
 

@@ -26,6 +26,7 @@ from exporter.collection import Snapshot
 log = logging.getLogger(__name__)
 
 StartResponse = Callable[..., Any]
+WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 
 class SnapshotCollector(Collector):
@@ -136,7 +137,7 @@ def parse_address(address: str) -> tuple[str, int]:
 class Server:
     """The HTTP server on its own thread."""
 
-    def __init__(self, address: str, app: Application) -> None:
+    def __init__(self, address: str, app: WsgiApp) -> None:
         host, port = parse_address(address)
         server_class = _ThreadingServerV6 if ":" in host else _ThreadingServer
         self._httpd = make_server(host, port, app, server_class, _QuietHandler)
