@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers import Daemon
+from kubelet_helpers import mig_node_kubelet, stop_and_remove
 
 from exporter.collectors import REGISTRY
 
@@ -31,6 +32,8 @@ SCENARIOS = {
     "fell-off-bus": 120,
     "ecc-remap": 120,
 }
+# Scenarios whose MIG devices a fake kubelet allocates to pods, so that gpu_pod_info shows.
+KUBELET_SCENARIOS = {"a100-mig"}
 
 # The only families that differ between two runs of the same pinned scenario:
 # wall-clock timestamps, durations and the process's own resource use, and the PCIe byte
@@ -66,6 +69,11 @@ def settled_scrape(daemon: Daemon) -> str:
 @pytest.fixture(params=sorted(SCENARIOS))
 def scrape(request, daemon_factory) -> tuple[str, str]:
     scenario = request.param
+    config: list[str] = []
+    if scenario in KUBELET_SCENARIOS:
+        kubelet, path = mig_node_kubelet(scenario, seed=7)
+        request.addfinalizer(lambda: stop_and_remove(kubelet))
+        config = ["--config", str(path)]
     daemon = daemon_factory(
         "--simulate",
         scenario,
@@ -75,6 +83,7 @@ def scrape(request, daemon_factory) -> tuple[str, str]:
         "7",
         "--collect.interval",
         "200ms",
+        *config,
     )
     return scenario, settled_scrape(daemon)
 

@@ -1,0 +1,231 @@
+"""Pod attribution: which pod, namespace and container each GPU is allocated to.
+
+Families:
+    gpu_pod_info{gpu,uuid,pod,namespace,container,mig_instance}: 1 for each GPU (or MIG
+        instance: `mig_instance` is its GPU instance id, empty for a whole GPU) and each
+        container a device plugin allocated it to, from the kubelet's PodResources API
+        (List). Join a per-GPU series to its pod with
+        ``gpu_utilization_ratio * on(instance, gpu, uuid) group_left(pod, namespace) gpu_pod_info``
+        (with time-sliced GPUs, several pods share one: put gpu_pod_info on the left).
+    gpuload_kubernetes_pod_resources_up: 1 if the kubelet's last List answer arrived in
+        time, 0 if it failed; absent where there is no pod-resources socket.
+
+The kubelet names devices by the ids the device plugin gave them: for NVIDIA's plugin,
+GPU UUIDs (``GPU-...``), MIG device UUIDs (``MIG-...``; ``MIG-GPU-<uuid>/<gi>/<ci>`` on
+old drivers), a ``::N`` suffix for time-sliced replicas, or GPU indices with its
+``deviceIDStrategy=index``. The UUIDs are mapped to GPU indices with what NVML reports
+(nvmlDeviceGetUUID on each GPU and, in MIG mode, on each MIG device handle), read only
+when an answer names a device not mapped yet.
+
+The List call is started without waiting and read on a later cycle, so a kubelet that
+hangs delays nothing; its deadline is `timeout`. The last answer is kept through a few
+failed refreshes, so that one slow answer does not reset alerts joined on gpu_pod_info.
+Without the socket (not on Kubernetes, or not mounted) the collector exports nothing
+and says so once in the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+
+from exporter import nvml
+from exporter.collectors.base import Family, Reader, Sample, register
+from exporter.kubernetes.podresources import (
+    DEFAULT_SOCKET,
+    Allocation,
+    PendingList,
+    PodResourcesClient,
+    PodResourcesError,
+)
+from exporter.problems import ProblemLog
+
+log = logging.getLogger(__name__)
+
+_POD_LABELS = ("gpu", "uuid", "pod", "namespace", "container", "mig_instance")
+
+FAMILIES = (
+    Family(
+        "gpu_pod_info",
+        "gauge",
+        "1 for each container a GPU (or MIG instance: mig_instance) is allocated to, from the "
+        "kubelet's PodResources API (List); GPU UUIDs mapped to indices by nvmlDeviceGetUUID.",
+        _POD_LABELS,
+        per_gpu=False,
+    ),
+    Family(
+        "gpuload_kubernetes_pod_resources_up",
+        "gauge",
+        "1 if the kubelet's PodResources List answered in time at the last refresh, else 0; "
+        "absent without the pod-resources socket.",
+        per_gpu=False,
+    ),
+)
+
+# The last answer stays valid through this many refresh intervals without a new one.
+_KEEP_REFRESHES = 3
+# Device plugins of these resources hand out NVIDIA GPUs and MIG devices.
+_NVIDIA_RESOURCE = "nvidia.com/"
+_REPLICA_SUFFIX = re.compile(r"::\d+$")
+_LEGACY_MIG_ID = re.compile(r"^MIG-(GPU-[0-9a-fA-F-]+)/(\d+)/\d+$")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a device id names: a GPU by index and UUID, and a MIG instance or ""."""
+
+    gpu: str
+    uuid: str
+    mig_instance: str = ""
+
+
+@register(
+    "kubernetes",
+    FAMILIES,
+    scope="node",
+    options={"socket": DEFAULT_SOCKET, "refresh": 10.0, "timeout": 2.0},
+)
+class KubernetesCollector:
+    """GPU-to-pod attribution from the kubelet's PodResources API (gpu_pod_info)."""
+
+    def __init__(
+        self,
+        socket: str = DEFAULT_SOCKET,
+        refresh: float = 10.0,
+        timeout: float = 2.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._socket = socket
+        self._refresh = refresh
+        self._timeout = timeout
+        self._clock = clock
+        self._client: PodResourcesClient | None = None
+        self._pending: PendingList | None = None
+        self._next_call = 0.0
+        self._socket_present: bool | None = None
+        self._up: bool | None = None
+        self._allocations: list[Allocation] = []
+        self._answered_at: float | None = None
+        self._directory: dict[str, Target] = {}
+        self._problems = ProblemLog(log)
+
+    def collect(self, read: Reader) -> Iterator[Sample]:
+        """Take a finished List answer, start the next one when due, yield the allocations."""
+        now = self._clock()
+        self._finish_call(now, read)
+        if self._pending is None and now >= self._next_call:
+            self._start_call(now)
+        if self._up is not None:
+            yield Sample("gpuload_kubernetes_pod_resources_up", 1 if self._up else 0)
+        if self._answered_at is None or now - self._answered_at > self._refresh * _KEEP_REFRESHES:
+            return
+        labels: set[tuple[str, ...]] = set()
+        for allocation in self._allocations:
+            target = resolve(allocation.device_id, self._directory)
+            if target is not None:
+                labels.add(
+                    (
+                        target.gpu,
+                        target.uuid,
+                        allocation.pod,
+                        allocation.namespace,
+                        allocation.container,
+                        target.mig_instance,
+                    )
+                )
+        for label_values in sorted(labels):
+            yield Sample("gpu_pod_info", 1, label_values)
+
+    def close(self) -> None:
+        """Cancel a call in flight and close the channel."""
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def _start_call(self, now: float) -> None:
+        self._next_call = now + self._refresh
+        present = os.path.exists(self._socket)
+        if present != self._socket_present:
+            self._log_socket(present)
+            self._socket_present = present
+        if not present:
+            self._up = None
+            self._answered_at = None
+            return
+        if self._client is None:
+            self._client = PodResourcesClient(self._socket, timeout=self._timeout)
+        self._pending = self._client.start_list()
+
+    def _log_socket(self, present: bool) -> None:
+        if present:
+            log.info("collector kubernetes: reading pod allocations from %s", self._socket)
+        else:
+            log.info(
+                "collector kubernetes: no kubelet pod-resources socket at %s (not on Kubernetes, "
+                "or the socket's folder is not mounted): no gpu_pod_info until it appears",
+                self._socket,
+            )
+
+    def _finish_call(self, now: float, read: Reader) -> None:
+        if self._pending is None or not self._pending.done():
+            return
+        pending, self._pending = self._pending, None
+        try:
+            found = pending.result()
+        except PodResourcesError as error:
+            self._up = False
+            self._problems.report(
+                "list",
+                "collector kubernetes: the kubelet's PodResources List on %s failed (%s): "
+                "GPUs keep reporting, without pod labels after %.0fs",
+                self._socket,
+                error.code,
+                self._refresh * _KEEP_REFRESHES,
+            )
+            return
+        self._problems.resolve("list", "collector kubernetes: the kubelet answers again")
+        self._up = True
+        self._answered_at = now
+        self._allocations = [a for a in found if a.resource.startswith(_NVIDIA_RESOURCE)]
+        if any(resolve(a.device_id, self._directory) is None for a in self._allocations):
+            self._directory = read_directory(read)
+
+
+def resolve(device_id: str, directory: dict[str, Target]) -> Target | None:
+    """The GPU (and MIG instance) a device plugin's device id names, or None."""
+    device_id = _REPLICA_SUFFIX.sub("", device_id)
+    if device_id in directory:
+        return directory[device_id]
+    legacy = _LEGACY_MIG_ID.match(device_id)
+    if legacy and legacy.group(1) in directory:
+        parent = directory[legacy.group(1)]
+        return Target(parent.gpu, parent.uuid, legacy.group(2))
+    return None
+
+
+def read_directory(read: Reader) -> dict[str, Target]:
+    """Every GPU's and MIG device's UUID (and each GPU's index) mapped to what it names."""
+    directory: dict[str, Target] = {}
+    for index in range(read(nvml.device_count) or 0):
+        device = read(partial(nvml.device, index))
+        identity = read(device.identity) if device is not None else None
+        if device is None or identity is None:
+            continue
+        gpu = Target(str(index), identity.uuid)
+        directory[identity.uuid] = directory[str(index)] = gpu
+        if not read(device.mig_mode_enabled):
+            continue
+        for instance in read(device.mig_devices) or []:
+            mig = read(instance.device.identity)
+            if mig is not None:
+                directory[mig.uuid] = Target(gpu.gpu, gpu.uuid, str(instance.gpu_instance))
+    return directory

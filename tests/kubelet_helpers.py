@@ -1,0 +1,145 @@
+"""A fake kubelet: a real gRPC PodResourcesLister (List, Get) on a unix socket."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+
+from exporter.kubernetes import podresources_v1_pb2 as api
+
+
+@dataclass
+class Pod:
+    namespace: str
+    name: str
+    # container name -> [(resource name, [device ids])]
+    containers: dict[str, list[tuple[str, list[str]]]] = field(default_factory=dict)
+
+    def message(self) -> api.PodResources:
+        return api.PodResources(
+            name=self.name,
+            namespace=self.namespace,
+            containers=[
+                api.ContainerResources(
+                    name=container,
+                    devices=[
+                        api.ContainerDevices(
+                            resource_name=resource,
+                            device_ids=ids,
+                            topology=api.TopologyInfo(nodes=[api.NUMANode(ID=0)]),
+                        )
+                        for resource, ids in devices
+                    ],
+                    cpu_ids=[2, 3],
+                )
+                for container, devices in self.containers.items()
+            ],
+        )
+
+
+class FakeKubelet:
+    """Serves `pods`; while `hanging` is set, every call waits until released or stopped."""
+
+    def __init__(self, socket_path: Path, pods: list[Pod]) -> None:
+        self.socket_path = socket_path
+        self.pods = pods
+        self.calls = 0
+        self.hanging = threading.Event()
+        self._released = threading.Event()
+        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        handlers = {
+            "List": grpc.unary_unary_rpc_method_handler(
+                self._list,
+                request_deserializer=api.ListPodResourcesRequest.FromString,
+                response_serializer=api.ListPodResourcesResponse.SerializeToString,
+            ),
+            "Get": grpc.unary_unary_rpc_method_handler(
+                self._get,
+                request_deserializer=api.GetPodResourcesRequest.FromString,
+                response_serializer=api.GetPodResourcesResponse.SerializeToString,
+            ),
+        }
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("v1.PodResourcesLister", handlers),)
+        )
+        self._server.add_insecure_port(f"unix:{socket_path}")
+
+    def start(self) -> FakeKubelet:
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        self._released.set()
+        self._server.stop(grace=None)
+
+    def _wait_if_hanging(self, context: grpc.ServicerContext) -> None:
+        self.calls += 1
+        while self.hanging.is_set() and not self._released.wait(0.05):
+            if not context.is_active():
+                return
+
+    def _list(
+        self, request: api.ListPodResourcesRequest, context: grpc.ServicerContext
+    ) -> api.ListPodResourcesResponse:
+        self._wait_if_hanging(context)
+        return api.ListPodResourcesResponse(pod_resources=[pod.message() for pod in self.pods])
+
+    def _get(
+        self, request: api.GetPodResourcesRequest, context: grpc.ServicerContext
+    ) -> api.GetPodResourcesResponse:
+        self._wait_if_hanging(context)
+        for pod in self.pods:
+            if (pod.namespace, pod.name) == (request.pod_namespace, request.pod_name):
+                return api.GetPodResourcesResponse(pod_resources=pod.message())
+        context.abort(
+            grpc.StatusCode.NOT_FOUND,
+            f"pod {request.pod_name} in namespace {request.pod_namespace} not found",
+        )
+        raise AssertionError("abort returned")
+
+
+def short_socket_dir() -> Path:
+    """A folder for a unix socket: its path must stay under 108 bytes, unlike pytest's tmp_path."""
+    return Path(tempfile.mkdtemp(prefix="kubelet-", dir="/tmp"))
+
+
+def remove(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def mig_node_kubelet(scenario: str, seed: int) -> tuple[FakeKubelet, Path]:
+    """A kubelet allocating the first MIG device of each GPU of `scenario` to a pod.
+
+    Returns the started server and a gpuload config file pointing the kubernetes
+    collector at it (in the socket's folder, removed by `stop_and_remove`).
+    """
+    from exporter import nvml, sim
+
+    sim.install(scenario, seed=seed, pinned_time=0)
+    nvml.init()
+    try:
+        pods = []
+        for index in range(nvml.device_count()):
+            instance = nvml.device(index).mig_devices()[0]
+            resource = f"nvidia.com/mig-{instance.profile}"
+            uuid = instance.device.identity().uuid
+            pods.append(Pod("ml", f"train-{index}", {"main": [(resource, [uuid])]}))
+    finally:
+        nvml.shutdown()
+        sim.uninstall()
+    folder = short_socket_dir()
+    server = FakeKubelet(folder / "kubelet.sock", pods).start()
+    config = folder / "gpuload.yaml"
+    config.write_text(f"collectors:\n  kubernetes:\n    socket: {server.socket_path}\n")
+    return server, config
+
+
+def stop_and_remove(server: FakeKubelet) -> None:
+    server.stop()
+    remove(server.socket_path.parent)
