@@ -74,6 +74,10 @@ def recording_names(thresholds: Thresholds) -> dict[str, str]:
         "clock_events": f"gpu:gpu_clock_event_active:avg{w}",
         "pipes": f"gpu:gpu_compute_pipe_active_ratio:max_avg{w}",
         **{ratio: f"gpu:gpu_{ratio}_ratio:avg{w}" for ratio in GPM_RATIOS},
+        "pcie_capacity": "gpu:gpu_pcie_link_capacity_bytes:per_second",
+        "pcie_busy": f"gpu:gpu_pcie_link_busy:ratio_rate{w}",
+        "nvlink_busy": f"gpu:gpu_nvlink_busy:ratio_rate{w}",
+        "bottleneck": f"gpu:gpu_bottleneck:class{w}",
     }
 
 
@@ -120,7 +124,152 @@ def recording_group(thresholds: Thresholds) -> dict[str, Any]:
             "expr": f'max without () ({{__name__=~"gpu:gpu_({pipes})_active_ratio:avg{w}"}})',
         }
     )
+    rules += link_rules(thresholds)
+    rules += bottleneck_rules(thresholds)
     return {"name": "gpuload.recording", "rules": rules}
+
+
+def link_rules(thresholds: Thresholds) -> list[Rule]:
+    """Return how busy each GPU's PCIe link and NVLinks are, as a fraction of their bandwidth."""
+    names = recording_names(thresholds)
+    w = thresholds.window
+    nvlink_rate = _num(thresholds.bottlenecks.nvlink_link_bytes_per_second)
+    rules: list[Rule] = [
+        {
+            # Bytes/s per lane and direction: 2.5 and 5 GT/s with 8b/10b encoding (gen 1, 2),
+            # then 8 GT/s with 128b/130b, doubling with each generation (gen 3 onwards).
+            "record": names["pcie_capacity"],
+            "expr": (
+                "gpu_pcie_link_width * (\n"
+                "  984615384 * 2 ^ (gpu_pcie_link_generation - 3)"
+                " and gpu_pcie_link_generation >= 3\n"
+                "  or\n"
+                "  250000000 * 2 ^ (gpu_pcie_link_generation - 1)\n"
+                ")"
+            ),
+        },
+    ]
+    for direction, counter in (("rx", "receive"), ("tx", "transmit")):
+        rules.append(
+            {
+                "record": names["pcie_busy"],
+                "expr": f"rate(gpu_pcie_{counter}_bytes_total[{w}]) / {names['pcie_capacity']}",
+                "labels": {"direction": direction},
+            }
+        )
+    for direction, counter in (("rx", "receive"), ("tx", "transmit")):
+        rules.append(
+            {
+                # Traffic spreads over the links that are up; a link that is down carries none.
+                "record": names["nvlink_busy"],
+                "expr": (
+                    f"sum without (link) (rate(gpu_nvlink_{counter}_bytes_total[{w}]))\n"
+                    f"/ (count without (link) (gpu_nvlink_link_up == 1) * {nvlink_rate})"
+                ),
+                "labels": {"direction": direction},
+            }
+        )
+    return rules
+
+
+def bottleneck_rules(thresholds: Thresholds) -> list[Rule]:
+    """Return what limits each in-use GPU: one series per GPU and limiting signal.
+
+    Each series is labelled ``bottleneck`` (and ``runbook_url`` where a runbook explains it);
+    its value is the signal that crossed the threshold, a ratio. The conditions are the alerts'
+    without their ``for:``, so the bottleneck view and the alerts agree; ``none`` marks an in-use
+    GPU that nothing here limits, valued at its average utilization.
+    """
+    names = recording_names(thresholds)
+    record = names["bottleneck"]
+    in_use = f"and on ({GPU}) {names['in_use']}"
+    in_use_avg = f"{names['avg']} {in_use}"
+    low = thresholds.alert("GPUUtilizationLow")
+    high = thresholds.alert("GPUUtilizationHigh")
+    starved = thresholds.alert("GPUDataLoaderStarved")
+    bound = thresholds.alert("GPUMemoryBandwidthBound")
+    imbalance = thresholds.alert("GPULoadImbalance")
+    thermal = thresholds.alert("GPUThermalThrottling")
+    power = thresholds.alert("GPUPowerCapped")
+    link_busy = _num(thresholds.bottlenecks.link_busy_above)
+
+    def unless(bottleneck: str) -> str:
+        return f'unless on ({GPU}) {record}{{bottleneck="{bottleneck}"}}'
+
+    # (bottleneck, the alert whose runbook explains it, expression). A later class may exclude an
+    # earlier one: the rules of a group run in order, at one evaluation time.
+    classes: list[tuple[str, str | None, str]] = [
+        (
+            "input_starved",
+            "GPUDataLoaderStarved",
+            f"{names['avg']} < {_num(starved.number('average_below'))}\n"
+            f"and on ({GPU}) {names['min']} < {_num(starved.number('trough_below'))}\n"
+            f"and on ({GPU}) {names['max']} > {_num(starved.number('peak_above'))}\n"
+            f"{in_use}",
+        ),
+        (
+            "underutilized",
+            "GPUUtilizationLow",
+            f"{names['avg']} < {_num(low.number('below'))}\n{in_use}\n{unless('input_starved')}",
+        ),
+        (
+            "memory_bandwidth_bound",
+            "GPUMemoryBandwidthBound",
+            f"{names['dram_active']} > {_num(bound.number('dram_active_above'))}\n"
+            f"and on ({GPU}) {names['pipes']} < {_num(bound.number('compute_pipes_below'))}\n"
+            f"{in_use}",
+        ),
+        (
+            "compute_bound",
+            "GPUUtilizationHigh",
+            f"{names['avg']} > {_num(high.number('above'))}\n{in_use}\n"
+            f"{unless('memory_bandwidth_bound')}",
+        ),
+        (
+            "thermal_throttled",
+            "GPUThermalThrottling",
+            f'max without (reason) ({names["clock_events"]}{{reason=~"sw_thermal|hw_thermal"}})\n'
+            f"> {_num(thermal.number('active_above'))}\n{in_use}",
+        ),
+        (
+            "power_capped",
+            "GPUPowerCapped",
+            "max without (reason) ("
+            f'{names["clock_events"]}{{reason=~"sw_power_cap|hw_power_brake"}})\n'
+            f"> {_num(power.number('active_above'))}\n{in_use}",
+        ),
+        (
+            "pcie_bound",
+            "GPUPCIeLinkDegraded",
+            f"max without (direction) ({names['pcie_busy']}) > {link_busy}\n{in_use}",
+        ),
+        (
+            "nvlink_bound",
+            None,
+            f"max without (direction) ({names['nvlink_busy']}) > {link_busy}\n{in_use}",
+        ),
+        (
+            # The in-use GPUs of a node that trail its busiest one by more than the spread.
+            "imbalanced",
+            "GPULoadImbalance",
+            f"max by ({NODE}) ({in_use_avg})\n"
+            f"- on ({NODE}) group_right ()\n"
+            f"({in_use_avg})\n"
+            f"> {_num(imbalance.number('spread_above'))}",
+        ),
+        (
+            "none",
+            None,
+            f'{in_use_avg}\nunless on ({GPU}) {record}{{bottleneck!="none"}}',
+        ),
+    ]
+    rules = []
+    for bottleneck, alert, expr in classes:
+        labels = {"bottleneck": bottleneck}
+        if alert is not None:
+            labels["runbook_url"] = thresholds.runbook_url(alert)
+        rules.append({"record": record, "expr": expr, "labels": labels})
+    return rules
 
 
 def utilization_alerts(thresholds: Thresholds) -> list[Rule]:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -95,6 +95,14 @@ class AlertThresholds:
 
 
 @dataclass(frozen=True)
+class BottleneckThresholds:
+    """The settings only the bottleneck recording rules use (the rest reuse the alerts')."""
+
+    link_busy_above: float
+    nvlink_link_bytes_per_second: float
+
+
+@dataclass(frozen=True)
 class Thresholds:
     """All alert thresholds and the settings shared by the rules."""
 
@@ -103,6 +111,7 @@ class Thresholds:
     in_use_memory_floor_bytes: int
     window: str
     alerts: Mapping[str, AlertThresholds]
+    bottlenecks: BottleneckThresholds
 
     def alert(self, name: str) -> AlertThresholds:
         """Return the thresholds of the alert called ``name``."""
@@ -141,6 +150,7 @@ def parse(document: object, origin: str = "thresholds") -> Thresholds:
             "exporter_job_regex",
             "in_use_memory_floor_bytes",
             "window",
+            "bottlenecks",
             "alerts",
         },
         origin,
@@ -167,7 +177,24 @@ def parse(document: object, origin: str = "thresholds") -> Thresholds:
         if name not in entries:
             raise ThresholdsError(f"{origin}: alerts.{name}: missing")
         alerts[name] = _alert(name, kinds, entries[name], origin)
-    return Thresholds(base_url.rstrip("/"), job_regex, floor, window, alerts)
+    bottlenecks = _bottlenecks(top.get("bottlenecks"), origin)
+    return Thresholds(base_url.rstrip("/"), job_regex, floor, window, alerts, bottlenecks)
+
+
+def _bottlenecks(entry: object, origin: str) -> BottleneckThresholds:
+    fields = _mapping(entry, origin, "bottlenecks")
+    kinds = {"link_busy_above": "ratio", "nvlink_link_bytes_per_second": "number"}
+    _no_unknown_keys(fields, set(kinds), origin, "bottlenecks")
+    values = {
+        # _parameter has checked that a "ratio" or "number" is an int or a float.
+        key: float(cast(float, _parameter(fields.get(key), kind, origin, f"bottlenecks.{key}")))
+        for key, kind in kinds.items()
+    }
+    if values["nvlink_link_bytes_per_second"] <= 0:
+        raise ThresholdsError(
+            f"{origin}: bottlenecks.nvlink_link_bytes_per_second: expected a positive number"
+        )
+    return BottleneckThresholds(**values)
 
 
 def _alert(name: str, kinds: Mapping[str, str], entry: object, origin: str) -> AlertThresholds:

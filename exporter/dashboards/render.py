@@ -1,0 +1,63 @@
+"""Render the Grafana dashboards in ``grafana/dashboards/`` from their definitions, or check them.
+
+``python -m exporter.dashboards.render`` rewrites ``grafana/dashboards/*.json``; with ``--check``
+it writes nothing and exits 1 if a committed file differs from what the definitions render.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from exporter.alerting.thresholds import DEFAULT_PATH, Thresholds, load
+from exporter.dashboards import bottlenecks, fleet, node
+
+DASHBOARDS_DIR = Path(__file__).resolve().parent.parent.parent / "grafana" / "dashboards"
+
+# File name -> the function that builds the dashboard.
+DASHBOARDS: dict[str, Callable[[Thresholds], dict[str, Any]]] = {
+    "gpuload-fleet.json": fleet.build,
+    "gpuload-node.json": node.build,
+    "gpuload-bottlenecks.json": bottlenecks.build,
+}
+
+
+def render(thresholds: Thresholds) -> dict[str, str]:
+    """Return each dashboard file's text by file name."""
+    return {
+        name: json.dumps(build(thresholds), indent=2, ensure_ascii=False) + "\n"
+        for name, build in DASHBOARDS.items()
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Write the dashboards, or with ``--check`` report those that differ; return the exit code."""
+    parser = argparse.ArgumentParser(
+        prog="python -m exporter.dashboards.render", description=__doc__
+    )
+    parser.add_argument("--thresholds", type=Path, default=DEFAULT_PATH, help="thresholds file")
+    parser.add_argument("--out", type=Path, default=DASHBOARDS_DIR, help="folder of the JSON")
+    parser.add_argument("--check", action="store_true", help="only compare, write nothing")
+    args = parser.parse_args(argv)
+    stale = []
+    for name, text in render(load(args.thresholds)).items():
+        path = args.out / name
+        current = path.read_text(encoding="utf-8") if path.exists() else None
+        if current == text:
+            continue
+        stale.append(path)
+        if not args.check:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+    for path in stale:
+        verb = "differs from its definition" if args.check else "rendered"
+        print(f"{path}: {verb}", file=sys.stderr)
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

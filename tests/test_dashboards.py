@@ -1,0 +1,248 @@
+"""The committed Grafana dashboards: rendered from their definitions, well formed, one threshold.
+
+Structure only; tests/test_dashboards_prometheus.py runs every query against real Prometheus.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from exporter.alerting import rules, thresholds
+from exporter.dashboards import render
+
+FILES = sorted(render.DASHBOARDS_DIR.glob("*.json"))
+PROVISIONING = render.DASHBOARDS_DIR.parent / "provisioning"
+
+# Grafana's unit ids that the dashboards may use (Grafana's valueFormats categories).
+GRAFANA_UNITS = {
+    "none", "short", "percent", "percentunit", "bytes", "decbytes", "bits", "Bps", "binBps",
+    "bps", "watt", "kwatt", "watth", "joule", "celsius", "fahrenheit", "hertz", "rotrpm",
+    "s", "ms", "µs", "ns", "m", "h", "d", "dtdurations", "dateTimeAsIso", "string",
+}  # fmt: skip
+MODERN_PANELS = {
+    "timeseries", "stat", "gauge", "bargauge", "table", "heatmap", "state-timeline", "text",
+    "row",
+}  # fmt: skip
+DEPRECATED_PANELS = {"graph", "singlestat", "table-old", "grafana-piechart-panel"}
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+
+def load(path: Path) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    return document
+
+
+def panels() -> list[tuple[str, dict[str, Any]]]:
+    return [(path.stem, panel) for path in FILES for panel in load(path)["panels"]]
+
+
+def ratio_values(loaded: thresholds.Thresholds) -> set[float]:
+    """Every number the thresholds file defines."""
+    values = {loaded.bottlenecks.link_busy_above}
+    for alert in loaded.alerts.values():
+        values |= {v for v in alert.parameters.values() if isinstance(v, (int, float))}
+    return {float(value) for value in values}
+
+
+def test_committed_dashboards_are_what_the_definitions_render() -> None:
+    rendered = render.render(thresholds.load())
+    assert sorted(rendered) == [path.name for path in FILES]
+    assert sorted(rendered) == [
+        "gpuload-bottlenecks.json",
+        "gpuload-fleet.json",
+        "gpuload-node.json",
+    ]
+    for path in FILES:
+        assert path.read_text(encoding="utf-8") == rendered[path.name], (
+            f"{path} differs from its definition: run"
+            " `.venv/bin/python -m exporter.dashboards.render` and commit the result"
+        )
+
+
+def test_render_check_reports_a_stale_file(tmp_path: Path) -> None:
+    for path in FILES:
+        shutil.copy(path, tmp_path / path.name)
+    assert render.main(["--check", "--out", str(tmp_path)]) == 0
+    (tmp_path / "gpuload-node.json").write_text("{}\n", encoding="utf-8")
+    assert render.main(["--check", "--out", str(tmp_path)]) == 1
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda path: path.name)
+def test_dashboard_is_modern_grafana_json(path: Path) -> None:
+    board = load(path)
+    assert board["schemaVersion"] >= 39
+    assert board["uid"] == path.stem
+    assert board["title"]
+    assert "gpuload" in board["tags"]
+    names = [variable["name"] for variable in board["templating"]["list"]]
+    assert names[0] == "datasource"
+    assert {"instance", "namespace", "pod"} <= set(names)
+    datasource = board["templating"]["list"][0]
+    assert (datasource["type"], datasource["query"]) == ("datasource", "prometheus")
+    for variable in board["templating"]["list"][1:]:
+        assert variable["datasource"] == DATASOURCE
+        assert variable["definition"].startswith("label_values(")
+        if variable["includeAll"]:
+            assert variable["allValue"] == ".*"
+    # The pod variables must filter nothing while gpu_pod_info does not exist.
+    for name in ("namespace", "pod"):
+        variable = next(v for v in board["templating"]["list"] if v["name"] == name)
+        assert variable["includeAll"] and "gpu_pod_info" in variable["definition"]
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda path: path.name)
+def test_panel_ids_are_unique_and_the_grid_has_no_overlaps(path: Path) -> None:
+    board = load(path)
+    ids = [panel["id"] for panel in board["panels"]]
+    assert len(ids) == len(set(ids))
+    cells: dict[tuple[int, int], str] = {}
+    for panel in board["panels"]:
+        grid = panel["gridPos"]
+        assert grid["w"] > 0 and grid["h"] > 0
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, panel["title"]
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                assert (x, y) not in cells, f"{panel['title']} overlaps {cells[(x, y)]}"
+                cells[(x, y)] = panel["title"]
+
+
+@pytest.mark.parametrize(("dashboard", "panel"), panels(), ids=lambda item: str(item)[:60])
+def test_panel_uses_the_datasource_variable_a_modern_type_and_grafana_units(
+    dashboard: str, panel: dict[str, Any]
+) -> None:
+    assert panel["type"] in MODERN_PANELS
+    assert panel["type"] not in DEPRECATED_PANELS
+    if panel["type"] in {"row", "text"}:
+        assert "targets" not in panel
+        return
+    assert panel["datasource"] == DATASOURCE
+    assert panel["targets"]
+    for target in panel["targets"]:
+        assert target["datasource"] == DATASOURCE
+        assert target["expr"].strip()
+    assert panel["description"]
+    defaults = panel["fieldConfig"]["defaults"]
+    assert defaults["unit"] in GRAFANA_UNITS
+    assert defaults["thresholds"]["mode"] == "absolute"
+    assert defaults["thresholds"]["steps"][0]["value"] is None
+    for override in panel["fieldConfig"]["overrides"]:
+        for prop in override["properties"]:
+            if prop["id"] == "unit":
+                assert prop["value"] in GRAFANA_UNITS
+
+
+def test_utilization_panels_draw_the_alert_thresholds() -> None:
+    loaded = thresholds.load()
+    low = loaded.alert("GPUUtilizationLow").number("below")
+    high = loaded.alert("GPUUtilizationHigh").number("above")
+    checked = 0
+    for _, panel in panels():
+        exprs = " ".join(target["expr"] for target in panel.get("targets", []))
+        if not re.search(r"gpu_utilization_ratio(:avg5m)?\{", exprs) or "count(" in exprs:
+            continue
+        if panel["fieldConfig"]["defaults"]["unit"] != "percentunit":
+            continue
+        steps = panel["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        if "trough" in panel["title"] or "Behind" in panel["title"]:
+            continue  # the starved and imbalance evidence use their own thresholds
+        assert [step["value"] for step in steps] == [None, low, high], panel["title"]
+        checked += 1
+    assert checked >= 5
+
+
+def test_every_threshold_in_a_dashboard_comes_from_the_thresholds_file() -> None:
+    """A number edited into a dashboard, not into alert_rules/thresholds.yaml, fails here."""
+    defined = ratio_values(thresholds.load()) | {1.0}  # 1: "at least one" for counts and flags
+    for dashboard, panel in panels():
+        if "fieldConfig" not in panel:
+            continue
+        for step in panel["fieldConfig"]["defaults"]["thresholds"]["steps"][1:]:
+            if panel["fieldConfig"]["defaults"]["unit"] == "h":
+                continue  # idle GPU-hours: colour only, not an alert threshold
+            assert float(step["value"]) in defined, (dashboard, panel["title"], step)
+
+
+def test_changed_thresholds_reach_the_dashboards() -> None:
+    document = yaml.safe_load(thresholds.DEFAULT_PATH.read_text(encoding="utf-8"))
+    document["alerts"]["GPUUtilizationLow"]["below"] = 0.25
+    document["alerts"]["GPUUtilizationHigh"]["above"] = 0.9
+    document["runbook_base_url"] = "https://example.org/runbooks.md"
+    changed = render.render(thresholds.parse(document))
+    fleet = json.loads(changed["gpuload-fleet.json"])
+    titles = [panel["title"] for panel in fleet["panels"]]
+    assert "In use, underutilized (< 25%)" in titles
+    assert "Saturated (> 90%)" in titles
+    assert "< 0.25" in changed["gpuload-fleet.json"]
+    node = json.loads(changed["gpuload-node.json"])
+    utilization = next(panel for panel in node["panels"] if panel["title"] == "GPU utilization")
+    steps = utilization["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert [step["value"] for step in steps] == [None, 0.25, 0.9]
+    assert (
+        "https://example.org/runbooks.md#gpudataloaderstarved"
+        in (changed["gpuload-bottlenecks.json"])
+    )
+
+
+def test_dashboards_only_use_metric_names_that_exist() -> None:
+    """Every name in a query is a family in a golden file or a shipped recording rule."""
+    golden = Path(__file__).parent / "golden"
+    exposed = {
+        line.split("{")[0].split(" ")[0]
+        for path in golden.glob("metrics-*.txt")
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line and not line.startswith("#")
+    }
+    recorded = set(rules.recording_names(thresholds.load()).values())
+    # ALERTS is Prometheus's; gpu_pod_info comes with the Kubernetes pod labels (optional); the
+    # PCIe byte counters are in the golden scrapes but dropped as non-deterministic.
+    known = exposed | recorded | {"ALERTS", "gpu_pod_info"}
+    known |= {"gpu_pcie_receive_bytes_total", "gpu_pcie_transmit_bytes_total"}
+    for dashboard, panel in panels():
+        for target in panel.get("targets", []):
+            expr = re.sub(r'"[^"]*"', '""', target["expr"])  # label values are not names
+            expr = re.sub(r"\{[^}]*\}", "", expr)  # neither are label names
+            expr = re.sub(r"\[[^\]]*\]", "", expr)  # nor durations
+            # nor the label lists of by/without/on/group_left
+            expr = re.sub(
+                r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr
+            )
+            for name in re.findall(r"[a-zA-Z_:][\w:]*", expr):
+                if not re.match(r"gpu|ALERTS", name):
+                    continue
+                assert name in known, (dashboard, panel["title"], name)
+
+
+def test_bottleneck_table_links_the_runbooks_and_names_every_class() -> None:
+    board = load(render.DASHBOARDS_DIR / "gpuload-bottlenecks.json")
+    table = next(p for p in board["panels"] if p["title"] == "What limits each in-use GPU")
+    overrides = {
+        o["matcher"]["options"]: o["properties"] for o in table["fieldConfig"]["overrides"]
+    }
+    links = next(p["value"] for p in overrides["Runbook"] if p["id"] == "links")
+    assert links[0]["url"] == "${__value.raw}"
+    mapping = next(p["value"] for p in overrides["Bottleneck"] if p["id"] == "mappings")
+    recorded = {rule["labels"]["bottleneck"] for rule in rules.bottleneck_rules(thresholds.load())}
+    assert set(mapping[0]["options"]) == recorded
+    loaded = thresholds.load()
+    for rule in rules.bottleneck_rules(loaded):
+        url = rule["labels"].get("runbook_url")
+        if url:
+            anchor = url.split("#")[1]
+            runbooks = (thresholds.RULES_DIR.parent / "docs" / "runbooks.md").read_text()
+            assert any(line.lower() == f"## {anchor}" for line in runbooks.splitlines()), anchor
+
+
+def test_provisioning_files_point_grafana_at_the_dashboards_and_prometheus() -> None:
+    providers = yaml.safe_load((PROVISIONING / "dashboards" / "gpuload.yaml").read_text())
+    assert providers["apiVersion"] == 1
+    assert providers["providers"][0]["type"] == "file"
+    assert providers["providers"][0]["options"]["path"]
+    sources = yaml.safe_load((PROVISIONING / "datasources" / "prometheus.yaml").read_text())
+    assert sources["datasources"][0]["type"] == "prometheus"
