@@ -283,6 +283,7 @@ def utilization_alerts(thresholds: Thresholds) -> list[Rule]:
     bound = thresholds.alert("GPUMemoryBandwidthBound")
     full = thresholds.alert("GPUMemoryNearlyFull")
     imbalance = thresholds.alert("GPULoadImbalance")
+    idle = thresholds.alert("GPUIdleAllocated")
     in_use_avg = f"{names['avg']} {in_use}"
     return [
         _alert(
@@ -349,6 +350,22 @@ def utilization_alerts(thresholds: Thresholds) -> list[Rule]:
             f" in {w} average utilization (more than"
             f" {_points(imbalance.number('spread_above'))} points between the busiest and the"
             " idlest): uneven batches or a straggler.",
+        ),
+        _alert(
+            thresholds,
+            "GPUIdleAllocated",
+            # gpu_pod_info on the left: a time-sliced GPU has several pods, one alert each.
+            # A MIG instance has no whole-GPU utilization, so only whole GPUs match.
+            (
+                'gpu_pod_info{mig_instance=""}\n'
+                f"* on ({GPU}) group_left ()\n"
+                f"({names['avg']} < {_num(idle.number('below'))})"
+            ),
+            "A GPU allocated to a pod sits idle",
+            f"{WHERE} is allocated to pod {{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}}"
+            " (container {{ $labels.container }}) but averaged"
+            f" {{{{ $value | humanizePercentage }}}} utilization over the last {w}, below"
+            f" {_pct(idle.number('below'))}: the pod holds a GPU it does not use.",
         ),
     ]
 

@@ -35,6 +35,7 @@ PARAMETERS: Mapping[str, Mapping[str, str]] = {
     "GPUMemoryBandwidthBound": {"dram_active_above": "ratio", "compute_pipes_below": "ratio"},
     "GPUMemoryNearlyFull": {"used_above": "ratio"},
     "GPULoadImbalance": {"spread_above": "ratio"},
+    "GPUIdleAllocated": {"below": "ratio"},
     "GPUThermalThrottling": {"active_above": "ratio"},
     "GPUPowerCapped": {"active_above": "ratio"},
     "GPUTemperatureHigh": {"margin_celsius": "number", "fallback_celsius": "number"},

@@ -1,0 +1,387 @@
+"""The Helm chart, rendered and linted by Helm's own engine (helm-python-sdk embeds it).
+
+Every rendered core object is checked against the Kubernetes schemas of the last four minor
+versions kubernetes-validate ships; the Prometheus Operator's objects (no schema there) are
+checked for what gpuload relies on. The PrometheusRule must be the shipped rules with the chosen
+thresholds, and the chart's copies must match alert_rules/ and grafana/dashboards/.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate import utils as validate_utils
+
+from exporter import config
+from exporter.alerting import render, thresholds
+from exporter.collectors import REGISTRY
+from exporter.kubernetes import chart as chart_files
+from exporter.relay import config as relay_config
+
+CHART = chart_files.CHART
+NAMESPACE = "monitoring"
+OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
+KUBE_VERSIONS = sorted(
+    set(validate_utils.all_versions()), key=lambda v: tuple(int(part) for part in v.split("."))
+)[-4:]
+
+FULL_RELAY = {
+    "relay": {
+        "targets": {
+            "slack-ops": {
+                "type": "slack",
+                "secrets": {"url": {"name": "relay-targets", "key": "slack-ops-url"}},
+                "settings": {"min_interval": "2s"},
+            },
+            "pager": {
+                "type": "pagerduty",
+                "secrets": {"routing_key": {"name": "relay-targets", "key": "pagerduty"}},
+            },
+        },
+        "route": {
+            "targets": ["slack-ops"],
+            "routes": [{"matchers": ['severity="critical"'], "targets": ["pager"]}],
+        },
+        "persistence": {"enabled": True, "storageClassName": "fast"},
+    },
+    "networkPolicy": {"enabled": True},
+}
+CUSTOM_THRESHOLDS = {
+    "prometheusRule": {
+        "thresholds": {
+            "window": "10m",
+            "alerts": {
+                "GPUUtilizationLow": {"below": 0.25, "for": "15m", "severity": "info"},
+                "GPUTemperatureHigh": {"margin_celsius": 3},
+                "GPUXidError": {"xids": [79, 48], "for": "1m"},
+                "GPULoadStale": {"max_age": "2m30s"},
+                "GPUFellOffBus": {"for": "0s"},
+            },
+        }
+    }
+}
+MIG_NODES = {
+    "exporter": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "nvidia.com/mig.strategy",
+                                "operator": "In",
+                                "values": ["single", "mixed"],
+                            }
+                        ]
+                    }
+                ]
+            }
+        },
+        "runtimeClassName": "nvidia",
+        "priorityClassName": "system-node-critical",
+    }
+}
+COMBINATIONS = {
+    "defaults": {},
+    "no-servicemonitor": {"serviceMonitor": {"enabled": False}},
+    "no-relay": {"relay": {"enabled": False}},
+    "custom-thresholds": CUSTOM_THRESHOLDS,
+    "mig-node-selector": MIG_NODES,
+    "full-relay": FULL_RELAY,
+    "minimal": {
+        "relay": {"enabled": False},
+        "dashboards": {"enabled": False},
+        "prometheusRule": {"enabled": False},
+        "serviceMonitor": {"enabled": False},
+        "exporter": {"podResources": {"enabled": False}},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def loaded() -> helm.Chart:
+    with helm.Chart.load(CHART) as chart:
+        yield chart
+
+
+def render_objects(chart: helm.Chart, values: dict[str, Any]) -> list[dict[str, Any]]:
+    manifests = chart.render(values=values, name="gpuload", namespace=NAMESPACE, is_install=True)
+    return [
+        document
+        for path, text in sorted(manifests.items())
+        if not path.endswith("NOTES.txt")
+        for document in yaml.safe_load_all(text)
+        if document
+    ]
+
+
+def the(objects: list[dict[str, Any]], kind: str, name: str = "gpuload") -> dict[str, Any]:
+    (found,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    return found
+
+
+def kinds(objects: list[dict[str, Any]]) -> set[str]:
+    return {o["kind"] for o in objects}
+
+
+def test_chart_copies_match_alert_rules_and_grafana() -> None:
+    stale = [str(path.relative_to(chart_files.ROOT)) for path in chart_files.stale_files()]
+    assert stale == [], f"run scripts/refresh-chart and commit: {stale}"
+
+
+@pytest.mark.parametrize("values", COMBINATIONS.values(), ids=COMBINATIONS.keys())
+def test_lint_strict_is_clean(values: dict[str, Any]) -> None:
+    report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert report["errors"] == [] and problems == []
+
+
+@pytest.mark.parametrize("values", COMBINATIONS.values(), ids=COMBINATIONS.keys())
+def test_core_objects_validate_against_the_last_four_kubernetes_versions(
+    loaded: helm.Chart, values: dict[str, Any]
+) -> None:
+    objects = render_objects(loaded, values)
+    assert len(KUBE_VERSIONS) == 4
+    for item in objects:
+        if item["kind"] in OPERATOR_KINDS:
+            continue
+        for version in KUBE_VERSIONS:
+            try:
+                kubernetes_validate.validate(item, version, strict=True)
+            except kubernetes_validate.ValidationError as error:
+                pytest.fail(f"{item['kind']} {item['metadata']['name']} on {version}: {error}")
+        assert item["metadata"]["namespace"] == NAMESPACE or item["kind"] == "ConfigMap"
+
+
+def test_defaults_render_every_part(loaded: helm.Chart) -> None:
+    objects = render_objects(loaded, {})
+    assert kinds(objects) == {
+        "ServiceAccount",
+        "ConfigMap",
+        "DaemonSet",
+        "Service",
+        "ServiceMonitor",
+        "PrometheusRule",
+        "Deployment",
+        "Secret",
+        "PodDisruptionBudget",
+    }
+    assert "NetworkPolicy" not in kinds(objects) and "PersistentVolumeClaim" not in kinds(objects)
+
+
+def test_toggles_leave_their_objects_out(loaded: helm.Chart) -> None:
+    assert "ServiceMonitor" not in kinds(render_objects(loaded, COMBINATIONS["no-servicemonitor"]))
+    without_relay = render_objects(loaded, COMBINATIONS["no-relay"])
+    assert "Deployment" not in kinds(without_relay) and "Secret" not in kinds(without_relay)
+    assert kinds(render_objects(loaded, COMBINATIONS["minimal"])) == {
+        "ServiceAccount",
+        "ConfigMap",
+        "DaemonSet",
+        "Service",
+    }
+
+
+def test_daemonset_runs_on_gpu_nodes_locked_down(loaded: helm.Chart) -> None:
+    daemonset = the(render_objects(loaded, {}), "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchExpressions"] == [
+        {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}
+    ]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert "runtimeClassName" not in pod and "priorityClassName" not in pod
+    (container,) = pod["containers"]
+    assert container["args"] == ["serve", "--config", "/etc/gpuload/gpuload.yaml"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["allowPrivilegeEscalation"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["pod-resources"] == {
+        "name": "pod-resources",
+        "mountPath": "/var/lib/kubelet/pod-resources",
+        "readOnly": True,
+    }
+    assert daemonset["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+
+
+def test_mig_node_selector_runtime_and_priority_class(loaded: helm.Chart) -> None:
+    pod = the(render_objects(loaded, MIG_NODES), "DaemonSet")["spec"]["template"]["spec"]
+    affinity = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert affinity["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == (
+        "nvidia.com/mig.strategy"
+    )
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["priorityClassName"] == "system-node-critical"
+
+
+def test_exporter_config_is_one_gpuload_accepts(loaded: helm.Chart, tmp_path: Path) -> None:
+    configmap = the(render_objects(loaded, {}), "ConfigMap")
+    path = tmp_path / "gpuload.yaml"
+    path.write_text(configmap["data"]["gpuload.yaml"])
+    settings = config.load(
+        file=path,
+        collectors={name: spec.enabled_by_default for name, spec in REGISTRY.items()},
+        collector_options={name: spec.options for name, spec in REGISTRY.items()},
+    )
+    assert settings.web.listen_address == ":19400"
+    assert settings.collector_options["kubernetes"]["socket"] == (
+        "/var/lib/kubelet/pod-resources/kubelet.sock"
+    )
+
+
+def test_servicemonitor_adds_the_node_label(loaded: helm.Chart) -> None:
+    values = {"serviceMonitor": {"interval": "30s", "labels": {"release": "kps"}}}
+    monitor = the(render_objects(loaded, values), "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["interval"] == "30s"
+    assert endpoint["relabelings"][0] == {
+        "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+        "targetLabel": "node",
+        "action": "replace",
+    }
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    service = the(render_objects(loaded, values), "Service")
+    assert selector == service["spec"]["selector"]
+
+
+def shipped_groups() -> list[dict[str, Any]]:
+    files = ("gpuload-recording.rules.yml", "gpuload-alerts.rules.yml")
+    return [
+        group
+        for name in files
+        for group in yaml.safe_load((thresholds.RULES_DIR / name).read_text())["groups"]
+    ]
+
+
+def test_prometheus_rule_is_the_shipped_rules(loaded: helm.Chart) -> None:
+    rule = the(render_objects(loaded, {}), "PrometheusRule")
+    assert rule["spec"]["groups"] == shipped_groups()
+
+
+def test_prometheus_rule_takes_the_thresholds_from_values(loaded: helm.Chart) -> None:
+    rule = the(render_objects(loaded, CUSTOM_THRESHOLDS), "PrometheusRule")
+    document = yaml.safe_load(thresholds.DEFAULT_PATH.read_text())
+    merged = copy.deepcopy(document)
+    overrides = CUSTOM_THRESHOLDS["prometheusRule"]["thresholds"]
+    merged["window"] = overrides["window"]
+    for name, fields in overrides["alerts"].items():
+        merged["alerts"][name].update(fields)
+    expected = [
+        group
+        for text in render.render(thresholds.parse(merged)).values()
+        for group in yaml.safe_load(text)["groups"]
+    ]
+    assert rule["spec"]["groups"] == expected
+    alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+    low = alerts["GPUUtilizationLow"]
+    assert "avg10m < 0.25" in low["expr"] and low["for"] == "15m"
+    assert low["labels"]["severity"] == "info" and "below 25%" in low["annotations"]["description"]
+    assert "for" not in alerts["GPUFellOffBus"]
+    assert '"79|48"' in alerts["GPUXidError"]["expr"]
+    assert "> 150" in alerts["GPULoadStale"]["expr"]
+
+
+def test_dashboards_are_configmaps_for_grafanas_sidecar(loaded: helm.Chart) -> None:
+    objects = render_objects(loaded, {"dashboards": {"namespace": "grafana"}})
+    dashboards = {
+        key: (o, value)
+        for o in objects
+        if o["kind"] == "ConfigMap" and o["metadata"]["labels"].get("grafana_dashboard") == "1"
+        for key, value in o["data"].items()
+    }
+    shipped = sorted(chart_files.DASHBOARDS.glob("*.json"))
+    assert sorted(dashboards) == [path.name for path in shipped]
+    for path in shipped:
+        configmap, text = dashboards[path.name]
+        assert json.loads(text) == json.loads(path.read_text())
+        assert configmap["metadata"]["namespace"] == "grafana"
+        assert configmap["metadata"]["annotations"]["k8s-sidecar-target-directory"] == "gpuload"
+
+
+def test_relay_config_is_one_the_relay_accepts(loaded: helm.Chart, tmp_path: Path) -> None:
+    objects = render_objects(loaded, FULL_RELAY)
+    deployment = the(objects, "Deployment", "gpuload-relay")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    secrets = {
+        e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if "valueFrom" in e
+    }
+    assert secrets == {
+        "RELAY_AUTH_TOKEN": {"name": "gpuload-relay-auth", "key": "token"},
+        "RELAY_TARGET_SLACK_OPS_URL": {"name": "relay-targets", "key": "slack-ops-url"},
+        "RELAY_TARGET_PAGER_ROUTING_KEY": {"name": "relay-targets", "key": "pagerduty"},
+    }
+    path = tmp_path / "relay.yaml"
+    path.write_text(the(objects, "ConfigMap", "gpuload-relay")["data"]["relay.yaml"])
+    settings = relay_config.load(
+        file=path,
+        environ={
+            "RELAY_AUTH_TOKEN": "t0ken",
+            "RELAY_TARGET_SLACK_OPS_URL": "https://hooks.example/1",
+            "RELAY_TARGET_PAGER_ROUTING_KEY": "rk",
+        },
+    )
+    assert settings.web.listen_address == ":19401"
+    assert sorted(settings.targets) == ["pager", "slack-ops"]
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["queue"]["persistentVolumeClaim"]["claimName"] == "gpuload-relay"
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    claim = the(objects, "PersistentVolumeClaim", "gpuload-relay")
+    assert claim["spec"]["storageClassName"] == "fast"
+    policies = {o["metadata"]["name"] for o in objects if o["kind"] == "NetworkPolicy"}
+    assert policies == {"gpuload", "gpuload-relay"}
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"exporter": {"port": "metrics"}}, "at '/exporter/port': got string, want integer"),
+        (
+            {"prometheusRule": {"thresholds": {"alerts": {"GPUUtilizationLow": {"below": 30}}}}},
+            "at '/prometheusRule/thresholds/alerts/GPUUtilizationLow/below': maximum",
+        ),
+        (
+            {"prometheusRule": {"thresholds": {"alerts": {"GPUUtilizationLow": {"bellow": 1}}}}},
+            "additional properties 'bellow' not allowed",
+        ),
+        (
+            {"prometheusRule": {"thresholds": {"alerts": {"GPUFellOffBus": {"for": "1 min"}}}}},
+            "at '/prometheusRule/thresholds/alerts/GPUFellOffBus/for'",
+        ),
+        ({"relay": {"targets": {"ops": {"type": "slak"}}}}, "at '/relay/targets/ops/type'"),
+        ({"serviceMonitor": {"enabeld": False}}, "additional properties 'enabeld' not allowed"),
+        ({"exporter": {"env": [{"name": "PATH", "value": "/"}]}}, "at '/exporter/env/0/name'"),
+    ],
+)
+def test_bad_values_fail_with_the_schemas_message(
+    loaded: helm.Chart, values: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(helm.HelmValuesError, match="gpuload") as raised:
+        loaded.render(values=values, name="gpuload", namespace=NAMESPACE)
+    assert message in str(raised.value)
+
+
+def test_notes_say_where_metrics_and_alerts_go(loaded: helm.Chart) -> None:
+    notes = loaded.render(values=FULL_RELAY, name="gpuload", namespace=NAMESPACE)[
+        "gpuload/templates/NOTES.txt"
+    ]
+    assert "port-forward daemonset/gpuload 19400" in notes
+    assert "http://gpuload-relay.monitoring.svc:19401/alerts" in notes
+    assert "pager, slack-ops" in notes
