@@ -98,6 +98,33 @@ def _sim_parser(subparsers: Any) -> None:
     run.add_argument("program", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
 
+def _doctor_parser(subparsers: Any) -> None:
+    doctor = subparsers.add_parser(
+        "doctor",
+        help="sample the GPUs and say what holds each one back",
+        description="Sample the GPUs for a short window and print, per GPU, its state (idle, "
+        "input-starved, memory-bandwidth-bound, compute-bound, throttled, PCIe-bound, "
+        "imbalanced, hardware fault) with the evidence and the next steps from the runbooks. "
+        "Exit code 0 healthy, 1 findings, 2 could not measure.",
+    )
+    doctor.add_argument(
+        "--duration", default="30s", help="how long to sample, e.g. 30s, 2m (default 30s)"
+    )
+    doctor.add_argument(
+        "--collect.interval", dest="interval", default="1s", help="sampling interval (default 1s)"
+    )
+    doctor.add_argument("--json", action="store_true", help="print JSON for machines")
+    doctor.add_argument("--simulate", metavar="SCENARIO", help="sample the simulated NVML")
+    doctor.add_argument("--sim.epoch", dest="sim_epoch", type=float, help="scenario start")
+    doctor.add_argument("--sim.seed", dest="sim_seed", type=int, help="scenario noise seed")
+    doctor.add_argument(
+        "--prometheus", metavar="URL", help="read the window from this Prometheus instead"
+    )
+    doctor.add_argument(
+        "--instance", help="with --prometheus: the node's instance label (host:port)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line."""
     parser = argparse.ArgumentParser(prog="gpuload", description="GPU load exporter.")
@@ -106,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(subparsers)
     _sim_parser(subparsers)
     relay_cli.add_parser(subparsers)
+    _doctor_parser(subparsers)
     subparsers.add_parser("collectors", help="list the collectors and their metric families")
     return parser
 
@@ -164,6 +192,39 @@ def _sim(args: argparse.Namespace) -> int:
     )
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from exporter.doctor.command import Options, run
+
+    try:
+        duration = config.parse_duration(args.duration)
+        interval = config.parse_duration(args.interval)
+    except ValueError as error:
+        print(f"gpuload doctor: {error}", file=sys.stderr)
+        return 2
+    if args.prometheus and not args.instance:
+        print("gpuload doctor: --prometheus needs --instance HOST:PORT", file=sys.stderr)
+        return 2
+    if args.simulate:
+        from exporter import sim
+
+        try:
+            sim.load_scenario(args.simulate)
+        except (sim.ScenarioError, OSError) as error:
+            print(f"gpuload doctor: --simulate {args.simulate}: {error}", file=sys.stderr)
+            return 2
+    options = Options(
+        duration=duration,
+        interval=interval,
+        simulate=args.simulate,
+        sim_epoch=args.sim_epoch,
+        sim_seed=args.sim_seed,
+        prometheus=args.prometheus,
+        instance=args.instance,
+        json=args.json,
+    )
+    return run(options)
+
+
 def _collectors() -> int:
     for name, spec in sorted(REGISTRY.items()):
         state = "enabled" if spec.enabled_by_default else "disabled"
@@ -184,6 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _sim(args)
     if args.command == "relay":
         return relay_cli.run(args)
+    if args.command == "doctor":
+        return _doctor(args)
     return _collectors()
 
 

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from exporter.relay.config import RelayConfig
 
 ENV_PREFIX = "GPULOAD_"
 # Variables of others: the simulated NVML in programs started by `gpuload sim exec`, and
@@ -54,6 +57,19 @@ class SimulationConfig:
 
 
 @dataclass(frozen=True)
+class AlertingConfig:
+    """The local alerts (`alerting` in the file): where they go, and how they are labelled."""
+
+    # The relay's targets, route, queue, delivery and message settings; None without targets.
+    delivery: RelayConfig | None = None
+    # The `instance` label of local alerts; None: the listen address, or host:port when it
+    # listens on every interface.
+    instance: str | None = None
+    job: str = "gpuload"
+    thresholds_file: str | None = None
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything `gpuload serve` needs, validated."""
 
@@ -64,6 +80,7 @@ class Config:
     collectors: Mapping[str, bool] = field(default_factory=dict)
     collector_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     simulate: SimulationConfig = field(default_factory=SimulationConfig)
+    alerting: AlertingConfig = field(default_factory=AlertingConfig)
 
     @property
     def effective_collect_timeout(self) -> float:
@@ -173,7 +190,7 @@ def _flatten(tree: Any, prefix: str, out: dict[str, Any]) -> None:
         return
     for key, value in tree.items():
         path = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
+        if isinstance(value, Mapping) and path != "alerting":
             _flatten(value, path, out)
         else:
             out[path] = value
@@ -236,8 +253,12 @@ def load(
         for option, default in defaults.items():
             settings[f"collectors.{name}.{option}"] = _parser_like(default)
 
+    from_file = _read_file(Path(file)) if file else {}
+    alerting = _alerting(
+        from_file.pop("alerting", None), Path(file).parent if file else Path.cwd(), environ or {}
+    )
     layers = [
-        ("config file", _read_file(Path(file)) if file else {}),
+        ("config file", from_file),
         ("environment", _read_env(environ or {}, settings)),
         ("flag", dict(flags or {})),
     ]
@@ -255,7 +276,44 @@ def load(
         parts = key.split(".")
         if parts[0] == "collectors" and parts[2] != "enabled":
             options[parts[1]][parts[2]] = value
-    return _build(values, known, options)
+    return replace(_build(values, known, options), alerting=alerting)
+
+
+# The queue file of local alerts, unless `alerting.queue.path` says otherwise.
+DEFAULT_ALERT_QUEUE = "gpuload-alerts.db"
+_ALERTING_KEYS = {"instance", "job", "thresholds_file"}
+
+
+def _alerting(tree: Any, base: Path, environ: Mapping[str, str]) -> AlertingConfig:
+    """The `alerting` section: gpuload's own keys, the rest in the relay's format."""
+    if tree is None:
+        return AlertingConfig()
+    if not isinstance(tree, Mapping):
+        raise ConfigError("config file alerting: expected a mapping (targets, route, queue, ...)")
+    own = {key: tree[key] for key in _ALERTING_KEYS if key in tree}
+    for key, value in own.items():
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"config file alerting.{key}: {value!r} is not valid: expected text")
+    relay_part = {key: value for key, value in tree.items() if key not in _ALERTING_KEYS}
+    # Imported here: the relay's configuration imports this module's parsers.
+    from exporter.relay.config import load_section
+
+    delivery = load_section(
+        relay_part,
+        path="alerting",
+        base=base,
+        environ=environ,
+        defaults={"queue.path": DEFAULT_ALERT_QUEUE},
+    )
+    thresholds_file = own.get("thresholds_file")
+    if thresholds_file is not None:
+        thresholds_file = str(base / thresholds_file)
+    return AlertingConfig(
+        delivery=delivery if delivery.targets else None,
+        instance=own.get("instance"),
+        job=own.get("job", "gpuload"),
+        thresholds_file=thresholds_file,
+    )
 
 
 def _parser_like(default: Any) -> Callable[[Any], Any]:

@@ -313,6 +313,56 @@ def load(
     return _build(values, secrets, targets, route)
 
 
+# The relay settings that the exporter's `alerting` section takes (no inbound endpoint there).
+_SECTION_PREFIXES = ("queue.", "delivery.", "message.")
+
+
+def load_section(
+    tree: Mapping[str, Any],
+    *,
+    path: str,
+    base: Path,
+    environ: Mapping[str, str],
+    defaults: Mapping[str, Any] | None = None,
+) -> RelayConfig:
+    """Targets, route, queue, delivery and message settings given as a mapping in another file.
+
+    ``gpuload serve`` takes them in its ``alerting`` section to deliver its local alerts the
+    relay's way; errors name the key path under ``path``.
+
+    Raises:
+        ConfigError: naming the first bad key path.
+    """
+    flat: dict[str, Any] = {}
+    _flatten(tree, "", flat)
+    values: dict[str, Any] = {}
+    for key, raw in {**(defaults or {}), **flat}.items():
+        if key in _STRUCTURES:
+            continue
+        parse = _SETTINGS.get(key)
+        if parse is None or not key.startswith(_SECTION_PREFIXES):
+            known = ", ".join(sorted(k for k in _SETTINGS if k.startswith(_SECTION_PREFIXES)))
+            raise ConfigError(f"config file {path}.{key}: unknown setting (known: {known})")
+        try:
+            values[key] = parse(raw)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"config file {path}.{key}: {raw!r} is not valid: {error}") from None
+    secrets = _Secrets(base, environ)
+    try:
+        targets = _targets(flat.get("targets"), secrets)
+        route = _route(flat.get("route", {}), "route", set(targets), top=True)
+    except ConfigError as error:
+        raise ConfigError(str(error).replace("config file ", f"config file {path}.", 1)) from None
+    if targets and not route.targets and not route.routes:
+        raise ConfigError(
+            f"config file {path}.route: give the top route's targets (the default) "
+            "and/or child routes"
+        )
+    # No inbound endpoint: the loopback address only satisfies _build's authentication check.
+    values["web.listen_address"] = "127.0.0.1:0"
+    return _build(values, secrets, targets, route)
+
+
 def queue_path(
     *,
     file: str | Path | None = None,

@@ -5,14 +5,17 @@ from __future__ import annotations
 import datetime
 import logging
 import signal
+import sqlite3
 import threading
 from types import FrameType
 
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from exporter.collection import Collection
+from exporter.alerting.local import LocalAlerting
+from exporter.collection import Collection, Snapshot
 from exporter.config import Config
 from exporter.server.http import Application, Server
+from exporter.server.status import StatusPage
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,34 @@ def _install_simulator(config: Config) -> None:
         settings.scenario, epoch=settings.epoch, seed=settings.seed, pinned_time=settings.time
     )
     log.info("using the simulated NVML, scenario %s (not a real GPU)", settings.scenario)
+
+
+def _local_alerting(config: Config, external_url: str) -> LocalAlerting:
+    port = int(external_url.rstrip("/").rsplit(":", 1)[1])
+    # Imported here: the thresholds file is read only by a daemon that evaluates them.
+    from exporter.alerting import thresholds
+    from exporter.alerting.local import instance_label
+    from exporter.alerting.notify import Notifier
+
+    settings = config.alerting
+    notifier = None
+    if settings.delivery is not None:
+        notifier = Notifier(settings.delivery, external_url)
+    return LocalAlerting(
+        thresholds.load(settings.thresholds_file),
+        instance=settings.instance or instance_label(config.web.listen_address, port),
+        job=settings.job,
+        notifier=notifier,
+    )
+
+
+def _run_cycle(collection: Collection, alerting: LocalAlerting) -> Snapshot:
+    snapshot = collection.run_cycle()
+    try:
+        alerting.observe(snapshot)
+    except Exception:  # local alerting must never stop collection
+        log.exception("local alert evaluation failed")
+    return snapshot
 
 
 def serve(config: Config, *, stop: threading.Event | None = None) -> int:
@@ -44,6 +75,15 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     except OSError as error:
         log.error("cannot listen on %s: %s", config.web.listen_address, error.strerror or error)
         return 1
+    try:
+        alerting = _local_alerting(config, server.url)
+    except (ValueError, OSError, sqlite3.Error) as error:  # bad thresholds, unusable queue
+        log.error("local alerting: %s", error)
+        server.stop()
+        return 1
+    app.status = StatusPage(
+        lambda: collection.snapshot, config.web.telemetry_path, alerting, config.collect_interval
+    )
     stop = stop or threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -56,8 +96,9 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     scheduler = BackgroundScheduler(daemon=True)
     # One job, never overlapping: a slow cycle delays the next instead of stacking.
     scheduler.add_job(
-        collection.run_cycle,
+        _run_cycle,
         "interval",
+        args=(collection, alerting),
         seconds=config.collect_interval,
         id="collect",
         max_instances=1,
@@ -66,6 +107,7 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         next_run_time=datetime.datetime.now(datetime.timezone.utc),
     )
     enabled = sorted(name for name, on in config.collectors.items() if on)
+    alerting.start()
     scheduler.start()
     server.start()
     log.info(
@@ -75,9 +117,16 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         config.collect_interval,
         ", ".join(enabled),
     )
+    if config.alerting.delivery is not None:
+        log.info(
+            "local alerts to %s, queued in %s",
+            ", ".join(config.alerting.delivery.targets),
+            config.alerting.delivery.queue.path,
+        )
     stop.wait()
     server.stop()
     scheduler.shutdown(wait=False)
+    alerting.stop()
     collection.close()
     log.info("stopped")
     return 0

@@ -58,6 +58,8 @@ class Application:
         self._latest = latest
         self._telemetry_path = telemetry_path
         self._metrics = make_wsgi_app(build_registry(latest))
+        # The live status page (`/` and /api/v1/status); the plain landing page without one.
+        self.status: WsgiApp | None = None
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         """Dispatch a request by path."""
@@ -70,6 +72,8 @@ class Application:
             if self._latest() is None:
                 return _text(start_response, "503 Service Unavailable", "collecting\n")
             return _text(start_response, "200 OK", "ready\n")
+        if self.status is not None and path in ("/", "/api/v1/status"):
+            return self.status(environ, start_response)
         if path == "/":
             page = landing_page(self._latest(), self._telemetry_path)
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])

@@ -1,0 +1,599 @@
+"""The local evaluator: gpuload's shipped alerts, evaluated on the exporter's own samples.
+
+For a node without Prometheus. After each collection cycle the samples go into a bounded
+:class:`~exporter.alerting.history.History` and every alert's condition is evaluated on it, the
+way the PromQL rules would on the same samples: a condition that holds makes the alert *pending*,
+one that holds for the rule's ``for:`` makes it *firing*, and one that stops holding makes a firing
+alert *resolved*. Names, labels, ``for:`` durations and annotations (rendered from the same
+templates, with the same functions) come from the rules that :mod:`exporter.alerting.rules`
+renders from ``alert_rules/thresholds.yaml``, so the local and the Prometheus alerts cannot drift;
+the conditions are written here once more, in Python, next to the PromQL they mirror, and the
+shared test vectors in ``alert_rules/vectors/`` run through both and must agree.
+
+Labels: every series gets the target labels ``instance`` and ``job`` that Prometheus would add.
+``GPULoadExporterDown`` cannot be evaluated locally (see :data:`NOT_LOCAL`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
+
+from exporter.alerting import rules, templates
+from exporter.alerting.history import History, Labels, Point, Sample
+from exporter.alerting.thresholds import Thresholds, duration_seconds
+
+log = logging.getLogger(__name__)
+
+# Alerts whose condition the exporter cannot see in its own samples, and why.
+NOT_LOCAL: Mapping[str, str] = {
+    "GPULoadExporterDown": "it is Prometheus's `up`: an exporter cannot observe that it cannot be "
+    "scraped (a process that is down evaluates nothing)",
+}
+# Parts of alerts that cannot be evaluated locally, though the alert is.
+PARTLY_LOCAL: Mapping[str, str] = {
+    "GPULoadStale": "only its `gpuload_gpu_stale` branch: the evaluator runs right after each "
+    "collection cycle, so the age of the last collection is always fresh when it looks",
+}
+
+GPU_KEYS = ("instance", "job", "gpu", "uuid")
+NODE_KEYS = ("job", "instance", "node")
+# Prometheus's lookback for an instant selector (`x offset 1h` finds a sample up to 5m older).
+LOOKBACK_SECONDS = 300.0
+
+Vector = dict[Labels, float]
+T = TypeVar("T")
+
+
+def _project(labels: Labels, keys: Iterable[str]) -> Labels:
+    wanted = set(keys)
+    return tuple(pair for pair in labels if pair[0] in wanted)
+
+
+def _without(labels: Labels, *names: str) -> Labels:
+    return tuple(pair for pair in labels if pair[0] not in names)
+
+
+def _label(labels: Labels, name: str) -> str:
+    return dict(labels).get(name, "")
+
+
+def where(vector: Vector, keep: Callable[[float], bool]) -> Vector:
+    """A comparison with a scalar as a filter (``x > 0.5``): the elements that pass."""
+    return {labels: value for labels, value in vector.items() if keep(value)}
+
+
+def and_on(left: Vector, right: Vector | Iterable[Labels], keys: Iterable[str] | None) -> Vector:
+    """``left and on (keys) right``; ``keys`` None matches on every label."""
+    key_list = None if keys is None else tuple(keys)
+    present = {labels if key_list is None else _project(labels, key_list) for labels in right}
+    return {
+        labels: value
+        for labels, value in left.items()
+        if (labels if key_list is None else _project(labels, key_list)) in present
+    }
+
+
+def unless_on(left: Vector, right: Vector, keys: Iterable[str] | None) -> Vector:
+    """``left unless on (keys) right``; ``keys`` None matches on every label."""
+    key_list = None if keys is None else tuple(keys)
+    present = {labels if key_list is None else _project(labels, key_list) for labels in right}
+    return {
+        labels: value
+        for labels, value in left.items()
+        if (labels if key_list is None else _project(labels, key_list)) not in present
+    }
+
+
+def or_(left: Vector, right: Vector) -> Vector:
+    """``left or right``: all of left, and the elements of right whose labels left lacks."""
+    return {**right, **left}
+
+
+def aggregate_without(vector: Vector, drop: Iterable[str], pick: Callable[..., float]) -> Vector:
+    """``max/min without (drop) (vector)`` with ``pick`` = max or min."""
+    names = tuple(drop)
+    groups: dict[Labels, list[float]] = {}
+    for labels, value in vector.items():
+        groups.setdefault(_without(labels, *names), []).append(value)
+    return {labels: pick(values) for labels, values in groups.items()}
+
+
+def aggregate_by(vector: Vector, keys: Iterable[str], pick: Callable[..., float]) -> Vector:
+    """``max/min by (keys) (vector)``."""
+    key_list = tuple(keys)
+    groups: dict[Labels, list[float]] = {}
+    for labels, value in vector.items():
+        groups.setdefault(_project(labels, key_list), []).append(value)
+    return {labels: pick(values) for labels, values in groups.items()}
+
+
+def binary(
+    left: Vector,
+    right: Vector,
+    op: Callable[[float, float], float],
+    ignoring: tuple[str, ...] = (),
+) -> Vector:
+    """One-to-one ``left op ignoring (...) right``: like PromQL, the ignored labels are dropped."""
+    by_key = {_without(labels, *ignoring): value for labels, value in right.items()}
+    result = {}
+    for labels, value in left.items():
+        key = _without(labels, *ignoring)
+        other = by_key.get(key)
+        if other is not None:
+            result[key] = op(value, other)
+    return result
+
+
+def compare(
+    left: Vector,
+    right: Vector,
+    keep: Callable[[float, float], bool],
+    ignoring: tuple[str, ...] = (),
+) -> Vector:
+    """A filtering comparison of two vectors (``left > ignoring (...) right``): left's values."""
+    return {
+        labels: value
+        for labels, value in binary(
+            left, right, lambda a, b: a if keep(a, b) else math.nan, ignoring
+        ).items()
+        if not math.isnan(value)
+    }
+
+
+def increase(points: list[Point], start: float, end: float) -> float | None:
+    """Prometheus's ``increase()`` of a counter's samples in [start, end], extrapolated alike."""
+    if len(points) < 2:
+        return None
+    first_t, first_v = points[0]
+    last_t, last_v = points[-1]
+    result = last_v - first_v
+    previous = 0.0
+    for _t, value in points:
+        if value < previous:
+            result += previous
+        previous = value
+    to_start, to_end = first_t - start, end - last_t
+    sampled = last_t - first_t
+    average = sampled / (len(points) - 1)
+    if result > 0 and first_v >= 0:
+        to_start = min(to_start, sampled * (first_v / result))
+    threshold = average * 1.1
+    interval = sampled
+    interval += to_start if to_start < threshold else average / 2
+    interval += to_end if to_end < threshold else average / 2
+    return result * (interval / sampled)
+
+
+class Context:
+    """What one evaluation sees: the history at ``now``, with PromQL's selectors over it."""
+
+    def __init__(self, history: History, now: float, window: float) -> None:
+        self.history = history
+        self.now = now
+        self.window = window
+
+    def latest(self, name: str, **matchers: str) -> Vector:
+        """An instant selector ``name{label=~"regex"}`` (values anchored like PromQL's)."""
+        return _match(self.history.latest(name), matchers)
+
+    def over_time(self, name: str, pick: Callable[[list[float]], float]) -> Vector:
+        """``pick_over_time(name[window])``; the result drops the metric name like PromQL."""
+        found = self.history.points(name, self.now - self.window, self.now)
+        return {labels: pick([v for _t, v in points]) for labels, points in found.items()}
+
+    def increase(self, name: str, seconds: float, **matchers: str) -> Vector:
+        """``increase(name{...}[seconds])``."""
+        found = _match(self.history.points(name, self.now - seconds, self.now), matchers)
+        result = {}
+        for labels, points in found.items():
+            value = increase(points, self.now - seconds, self.now)
+            if value is not None:
+                result[labels] = value
+        return result
+
+    def offset(self, name: str, seconds: float, **matchers: str) -> Vector:
+        """``name{...} offset seconds``: the last sample within the lookback before then."""
+        at = self.now - seconds
+        found = _match(self.history.points(name, at - LOOKBACK_SECONDS, at), matchers)
+        return {labels: points[-1][1] for labels, points in found.items()}
+
+
+def _match(series: Mapping[Labels, T], matchers: Mapping[str, str]) -> dict[Labels, T]:
+    if not matchers:
+        return dict(series)
+    patterns = {name: re.compile(pattern) for name, pattern in matchers.items()}
+    return {
+        labels: value
+        for labels, value in series.items()
+        if all(p.fullmatch(_label(labels, name)) for name, p in patterns.items())
+    }
+
+
+# The conditions, one function per alert, each beside the PromQL it mirrors.
+
+
+def _in_use(ctx: Context, t: Thresholds) -> set[Labels]:
+    # group without () (gpu_processes > 0 or gpu_memory_used_bytes > floor)
+    processes = where(ctx.latest("gpu_processes"), lambda v: v > 0)
+    memory = where(ctx.latest("gpu_memory_used_bytes"), lambda v: v > t.in_use_memory_floor_bytes)
+    return set(or_(processes, memory))
+
+
+def _avg(ctx: Context) -> Vector:
+    return ctx.over_time("gpu_utilization_ratio", lambda v: sum(v) / len(v))
+
+
+def utilization_low(ctx: Context, t: Thresholds) -> Vector:
+    """avg5m < below and on (GPU) in_use."""
+    below = t.alert("GPUUtilizationLow").number("below")
+    return and_on(where(_avg(ctx), lambda v: v < below), _in_use(ctx, t), GPU_KEYS)
+
+
+def utilization_high(ctx: Context, t: Thresholds) -> Vector:
+    """avg5m > above."""
+    above = t.alert("GPUUtilizationHigh").number("above")
+    return where(_avg(ctx), lambda v: v > above)
+
+
+def data_loader_starved(ctx: Context, t: Thresholds) -> Vector:
+    """avg5m < average_below and min5m < trough_below and max5m > peak_above and in_use."""
+    a = t.alert("GPUDataLoaderStarved")
+    low = ctx.over_time("gpu_utilization_ratio", min)
+    high = ctx.over_time("gpu_utilization_ratio", max)
+    result = where(_avg(ctx), lambda v: v < a.number("average_below"))
+    result = and_on(result, where(low, lambda v: v < a.number("trough_below")), GPU_KEYS)
+    result = and_on(result, where(high, lambda v: v > a.number("peak_above")), GPU_KEYS)
+    return and_on(result, _in_use(ctx, t), GPU_KEYS)
+
+
+def memory_bandwidth_bound(ctx: Context, t: Thresholds) -> Vector:
+    """GPM: dram avg5m > dram_active_above and on (GPU) max(pipe avg5m) < compute_pipes_below."""
+    a = t.alert("GPUMemoryBandwidthBound")
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    dram = where(
+        ctx.over_time("gpu_dram_active_ratio", mean), lambda v: v > a.number("dram_active_above")
+    )
+    pipes: Vector = {}
+    for pipe in rules.COMPUTE_PIPES:
+        for labels, value in ctx.over_time(f"gpu_{pipe}_active_ratio", mean).items():
+            pipes[labels] = max(value, pipes.get(labels, value))
+    busiest = where(pipes, lambda v: v < a.number("compute_pipes_below"))
+    return and_on(dram, busiest, GPU_KEYS)
+
+
+def memory_nearly_full(ctx: Context, t: Thresholds) -> Vector:
+    """gpu_memory_used_bytes / gpu_memory_total_bytes > used_above."""
+    above = t.alert("GPUMemoryNearlyFull").number("used_above")
+    used = binary(
+        ctx.latest("gpu_memory_used_bytes"),
+        ctx.latest("gpu_memory_total_bytes"),
+        lambda u, total: u / total if total else float("nan"),
+    )
+    return where(used, lambda v: v > above)
+
+
+def load_imbalance(ctx: Context, t: Thresholds) -> Vector:
+    """Spread: max by (node) (avg5m and in_use) - min by (node) (...) > spread_above."""
+    spread = t.alert("GPULoadImbalance").number("spread_above")
+    in_use = and_on(_avg(ctx), _in_use(ctx, t), GPU_KEYS)
+    highest = aggregate_by(in_use, NODE_KEYS, max)
+    lowest = aggregate_by(in_use, NODE_KEYS, min)
+    return where(binary(highest, lowest, lambda a, b: a - b), lambda v: v > spread)
+
+
+def idle_allocated(ctx: Context, t: Thresholds) -> Vector:
+    """gpu_pod_info{mig_instance=""} * on (GPU) group_left () (avg5m < below)."""
+    below = t.alert("GPUIdleAllocated").number("below")
+    idle = {
+        _project(labels, GPU_KEYS): value
+        for labels, value in where(_avg(ctx), lambda v: v < below).items()
+    }
+    pods = ctx.latest("gpu_pod_info", mig_instance="")
+    return {
+        labels: value * idle[_project(labels, GPU_KEYS)]
+        for labels, value in pods.items()
+        if _project(labels, GPU_KEYS) in idle
+    }
+
+
+def _clock_events(ctx: Context, reasons: str, above: float) -> Vector:
+    events = _match(
+        ctx.over_time("gpu_clock_event_active", lambda v: sum(v) / len(v)), {"reason": reasons}
+    )
+    return where(aggregate_without(events, ("reason",), max), lambda v: v > above)
+
+
+def thermal_throttling(ctx: Context, t: Thresholds) -> Vector:
+    """Clock events avg5m{reason=~"sw_thermal|hw_thermal"}, max without (reason), > active_above."""
+    return _clock_events(
+        ctx, "sw_thermal|hw_thermal", t.alert("GPUThermalThrottling").number("active_above")
+    )
+
+
+def power_capped(ctx: Context, t: Thresholds) -> Vector:
+    """The same with reason=~"sw_power_cap|hw_power_brake"."""
+    return _clock_events(
+        ctx, "sw_power_cap|hw_power_brake", t.alert("GPUPowerCapped").number("active_above")
+    )
+
+
+def temperature_high(ctx: Context, t: Thresholds) -> Vector:
+    """temp{sensor="gpu"} > ignoring(sensor) (slowdown - margin) or the fallback."""
+    a = t.alert("GPUTemperatureHigh")
+    temperature = ctx.latest("gpu_temperature_celsius", sensor="gpu")
+    slowdown = ctx.latest("gpu_temperature_slowdown_threshold_celsius")
+    limit = {labels: value - a.number("margin_celsius") for labels, value in slowdown.items()}
+    above = compare(temperature, limit, lambda v, lim: v > lim, ("sensor",))
+    fallback = aggregate_without(
+        where(temperature, lambda v: v > a.number("fallback_celsius")), ("sensor",), max
+    )
+    return or_(above, unless_on(fallback, slowdown, GPU_KEYS))
+
+
+def pcie_link_degraded(ctx: Context, t: Thresholds) -> Vector:
+    """2^(gen - max gen) * width / max width < 1 and on (GPU) avg5m > busy_above."""
+    busy = t.alert("GPUPCIeLinkDegraded").number("busy_above")
+    generations = binary(
+        ctx.latest("gpu_pcie_link_generation"),
+        ctx.latest("gpu_pcie_link_max_generation"),
+        lambda g, m: 2 ** (g - m),
+    )
+    widths = binary(
+        ctx.latest("gpu_pcie_link_width"),
+        ctx.latest("gpu_pcie_link_max_width"),
+        lambda w, m: w / m if m else float("nan"),
+    )
+    fraction = where(binary(generations, widths, lambda g, w: g * w), lambda v: v < 1)
+    return and_on(fraction, where(_avg(ctx), lambda v: v > busy), GPU_KEYS)
+
+
+def xid_error(ctx: Context, t: Thresholds) -> Vector:
+    """increase(xid{critical}[window]) > 0 or (xid{critical} > 0 unless xid offset window)."""
+    a = t.alert("GPUXidError")
+    seconds = duration_seconds(a.duration("window"))
+    critical = "|".join(str(code) for code in a.xids())
+    grown = where(ctx.increase("gpu_xid_errors_total", seconds, xid=critical), lambda v: v > 0)
+    current = where(ctx.latest("gpu_xid_errors_total", xid=critical), lambda v: v > 0)
+    new = unless_on(current, ctx.offset("gpu_xid_errors_total", seconds, xid=critical), None)
+    return or_(grown, new)
+
+
+def fell_off_bus(ctx: Context, t: Thresholds) -> Vector:
+    """gpu_up == 0."""
+    return where(ctx.latest("gpu_up"), lambda v: v == 0)
+
+
+def ecc_uncorrectable(ctx: Context, t: Thresholds) -> Vector:
+    """ECC: volatile uncorrected > 0 or increase(aggregate[window]) > 0 unless on (GPU) volatile."""
+    seconds = duration_seconds(t.alert("GPUECCUncorrectable").duration("window"))
+    volatile = ctx.latest("gpu_ecc_errors_total", type="uncorrected", counter="volatile")
+    aggregate = where(
+        ctx.increase("gpu_ecc_errors_total", seconds, type="uncorrected", counter="aggregate"),
+        lambda v: v > 0,
+    )
+    return or_(where(volatile, lambda v: v > 0), unless_on(aggregate, volatile, GPU_KEYS))
+
+
+def row_remap_pending(ctx: Context, t: Thresholds) -> Vector:
+    """gpu_row_remap_pending == 1 or gpu_retired_pages_pending == 1."""
+    return or_(
+        where(ctx.latest("gpu_row_remap_pending"), lambda v: v == 1),
+        where(ctx.latest("gpu_retired_pages_pending"), lambda v: v == 1),
+    )
+
+
+def row_remap_failed(ctx: Context, t: Thresholds) -> Vector:
+    """gpu_row_remap_failed == 1."""
+    return where(ctx.latest("gpu_row_remap_failed"), lambda v: v == 1)
+
+
+def collector_failing(ctx: Context, t: Thresholds) -> Vector:
+    """gpuload_collector_success == 0 unless on (instance, job) gpuload_nvml_up == 0."""
+    failing = where(ctx.latest("gpuload_collector_success"), lambda v: v == 0)
+    nvml_down = where(ctx.latest("gpuload_nvml_up"), lambda v: v == 0)
+    return unless_on(failing, nvml_down, ("instance", "job"))
+
+
+def nvml_down(ctx: Context, t: Thresholds) -> Vector:
+    """gpuload_nvml_up == 0."""
+    return where(ctx.latest("gpuload_nvml_up"), lambda v: v == 0)
+
+
+def stale(ctx: Context, t: Thresholds) -> Vector:
+    """gpuload_gpu_stale == 1 or time() - gpuload_last_collection_timestamp_seconds > max_age."""
+    max_age = duration_seconds(t.alert("GPULoadStale").duration("max_age"))
+    age = {
+        labels: ctx.now - value
+        for labels, value in ctx.latest("gpuload_last_collection_timestamp_seconds").items()
+    }
+    return or_(
+        where(ctx.latest("gpuload_gpu_stale"), lambda v: v == 1),
+        where(age, lambda v: v > max_age),
+    )
+
+
+CONDITIONS: Mapping[str, Callable[[Context, Thresholds], Vector]] = {
+    "GPUUtilizationLow": utilization_low,
+    "GPUUtilizationHigh": utilization_high,
+    "GPUDataLoaderStarved": data_loader_starved,
+    "GPUMemoryBandwidthBound": memory_bandwidth_bound,
+    "GPUMemoryNearlyFull": memory_nearly_full,
+    "GPULoadImbalance": load_imbalance,
+    "GPUIdleAllocated": idle_allocated,
+    "GPUThermalThrottling": thermal_throttling,
+    "GPUPowerCapped": power_capped,
+    "GPUTemperatureHigh": temperature_high,
+    "GPUPCIeLinkDegraded": pcie_link_degraded,
+    "GPUXidError": xid_error,
+    "GPUFellOffBus": fell_off_bus,
+    "GPUECCUncorrectable": ecc_uncorrectable,
+    "GPURowRemapPending": row_remap_pending,
+    "GPURowRemapFailed": row_remap_failed,
+    "GPULoadCollectorFailing": collector_failing,
+    "GPULoadNVMLDown": nvml_down,
+    "GPULoadStale": stale,
+}
+
+
+@dataclass(frozen=True)
+class LocalRule:
+    """One alert as the rendered rule defines it: its name, `for:`, labels and annotations."""
+
+    name: str
+    for_seconds: float
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+
+
+def local_rules(thresholds: Thresholds) -> list[LocalRule]:
+    """The rendered alerting rules that can be evaluated locally, in the rule files' order."""
+    document = rules.rule_files(thresholds)["gpuload-alerts.rules.yml"]
+    found = []
+    for group in document["groups"]:
+        for rule in group["rules"]:
+            if rule["alert"] in NOT_LOCAL or rule["alert"] not in CONDITIONS:
+                # An alert without a local condition yet: tests/test_local_alerting.py says so.
+                continue
+            found.append(
+                LocalRule(
+                    name=rule["alert"],
+                    for_seconds=float(duration_seconds(rule.get("for", "0s"))),
+                    labels=dict(rule.get("labels", {})),
+                    annotations=dict(rule.get("annotations", {})),
+                )
+            )
+    return found
+
+
+@dataclass(frozen=True)
+class Alert:
+    """A pending or firing local alert (resolved ones are reported once, then forgotten)."""
+
+    name: str
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    value: float
+    active_since: float
+    firing_since: float | None = None
+    resolved_at: float | None = None
+
+    @property
+    def state(self) -> str:
+        """``pending``, ``firing`` or ``resolved``."""
+        if self.resolved_at is not None:
+            return "resolved"
+        return "pending" if self.firing_since is None else "firing"
+
+
+@dataclass
+class _RuleState:
+    rule: LocalRule
+    active: dict[Labels, Alert] = field(default_factory=dict)
+
+
+def history_horizon(thresholds: Thresholds, keep: float = 60.0) -> Callable[[str], float]:
+    """How long the evaluator (and the status page's doctor) needs each family's samples."""
+    window = float(duration_seconds(thresholds.window))
+    xid = duration_seconds(thresholds.alert("GPUXidError").duration("window")) + LOOKBACK_SECONDS
+    ecc = float(duration_seconds(thresholds.alert("GPUECCUncorrectable").duration("window")))
+    windowed = {
+        "gpu_utilization_ratio",
+        "gpu_clock_event_active",
+        *(f"gpu_{ratio}_ratio" for ratio in rules.GPM_RATIOS),
+    }
+
+    def horizon(name: str) -> float:
+        if name == "gpu_xid_errors_total":
+            return max(xid, keep)
+        if name == "gpu_ecc_errors_total":
+            return max(ecc, keep)
+        if name in windowed:
+            return max(window, keep)
+        return keep
+
+    return horizon
+
+
+class Evaluator:
+    """Evaluates the local rules after each collection and tracks pending/firing alerts."""
+
+    def __init__(
+        self,
+        thresholds: Thresholds,
+        *,
+        instance: str,
+        job: str = "gpuload",
+        history: History | None = None,
+    ) -> None:
+        self.thresholds = thresholds
+        self.target_labels = (("instance", instance), ("job", job))
+        self.history = history or History(history_horizon(thresholds))
+        self._window = float(duration_seconds(thresholds.window))
+        self._states = [_RuleState(rule) for rule in local_rules(thresholds)]
+        self._failing: set[str] = set()
+
+    def observe(self, samples: Iterable[Sample], at: float) -> list[Alert]:
+        """Add one collection's samples, evaluate, return the alerts that fired or resolved."""
+        self.history.add((self._with_target(sample) for sample in samples), at)
+        return self.evaluate(at)
+
+    def _with_target(self, sample: Sample) -> Sample:
+        labels = dict(sample.labels)
+        labels.update(self.target_labels)
+        return replace(sample, labels=tuple(sorted(labels.items())))
+
+    def evaluate(self, now: float) -> list[Alert]:
+        """Evaluate every rule at ``now``; return the alerts that changed to firing or resolved."""
+        ctx = Context(self.history, now, self._window)
+        changed: list[Alert] = []
+        for state in self._states:
+            try:
+                result = CONDITIONS[state.rule.name](ctx, self.thresholds)
+            except Exception:  # one rule's bug must not stop the others
+                if state.rule.name not in self._failing:
+                    log.exception("local alert %s: evaluation failed", state.rule.name)
+                    self._failing.add(state.rule.name)
+                continue
+            self._failing.discard(state.rule.name)
+            changed.extend(self._advance(state, result, now))
+        return changed
+
+    def _advance(self, state: _RuleState, result: Vector, now: float) -> list[Alert]:
+        rule = state.rule
+        changed = []
+        for series in list(state.active):
+            if series not in result:
+                alert = state.active.pop(series)
+                if alert.firing_since is not None:
+                    changed.append(replace(alert, resolved_at=now))
+        for series, value in result.items():
+            labels = {**dict(series), "alertname": rule.name, **rule.labels}
+            previous = state.active.get(series)
+            since = previous.active_since if previous else now
+            firing = previous.firing_since if previous else None
+            annotations = {
+                name: templates.render(text, labels, value)
+                for name, text in rule.annotations.items()
+            }
+            alert = Alert(rule.name, labels, annotations, value, since, firing)
+            if firing is None and now - since >= rule.for_seconds:
+                alert = replace(alert, firing_since=now)
+                changed.append(alert)
+            state.active[series] = alert
+        return changed
+
+    def alerts(self) -> list[Alert]:
+        """Every pending and firing alert."""
+        return [alert for state in self._states for alert in state.active.values()]
+
+    def firing(self) -> list[Alert]:
+        """The firing alerts."""
+        return [alert for alert in self.alerts() if alert.firing_since is not None]

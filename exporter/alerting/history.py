@@ -1,0 +1,105 @@
+"""A short, bounded in-memory history of the exporter's own samples.
+
+The local evaluator needs what Prometheus would hold: the latest value of every series, a
+window of samples for the ``*_over_time`` families, an hour of the XID and ECC counters for
+``increase()``. The doctor and the status page read the last seconds of every series. Each series
+keeps samples for its family's horizon only, at most ``POINTS`` of them: when samples come faster
+than ``horizon / POINTS`` apart the newest replaces the previous one, so memory stays bounded
+whatever the collection interval.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from prometheus_client.core import Metric
+
+# A series' labels as sorted (name, value) pairs; the metric name is kept apart.
+Labels = tuple[tuple[str, str], ...]
+Point = tuple[float, float]
+
+POINTS = 360
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One value of one series at one time."""
+
+    name: str
+    labels: Labels
+    value: float
+
+
+def labels_of(mapping: Mapping[str, str]) -> Labels:
+    """Sorted label pairs, without empty values (Prometheus drops empty labels)."""
+    return tuple(sorted((k, v) for k, v in mapping.items() if v != ""))
+
+
+def snapshot_samples(families: Iterable[Metric]) -> Iterator[Sample]:
+    """The samples of prometheus_client metric families (a snapshot's ``families``)."""
+    for family in families:
+        for sample in family.samples:
+            yield Sample(sample.name, labels_of(sample.labels), float(sample.value))
+
+
+class History:
+    """Samples per series, each kept for its family's horizon (seconds)."""
+
+    def __init__(self, horizon: Callable[[str], float]) -> None:
+        self._horizon = horizon
+        self._series: dict[str, dict[Labels, deque[Point]]] = {}
+        self._spacing: dict[str, float] = {}
+        self.now: float | None = None
+        self.started: float | None = None
+
+    def add(self, samples: Iterable[Sample], at: float) -> None:
+        """Record one collection's samples at time ``at``; forget what is past its horizon."""
+        self.now = at
+        if self.started is None:
+            self.started = at
+        for sample in samples:
+            family = self._series.setdefault(sample.name, {})
+            points = family.get(sample.labels)
+            if points is None:
+                points = family[sample.labels] = deque()
+            spacing = self._spacing.get(sample.name)
+            if spacing is None:
+                spacing = self._spacing[sample.name] = self._horizon(sample.name) / POINTS
+            if len(points) >= 2 and points[-1][0] - points[-2][0] < spacing:
+                points[-1] = (at, sample.value)
+            else:
+                points.append((at, sample.value))
+        for name in list(self._series):
+            family = self._series[name]
+            oldest = at - self._horizon(name)
+            for labels in list(family):
+                points = family[labels]
+                while points and points[0][0] < oldest:
+                    points.popleft()
+                if not points:
+                    del family[labels]
+            if not family:
+                del self._series[name]
+
+    def latest(self, name: str) -> dict[Labels, float]:
+        """The series of ``name`` present in the latest collection, with their values."""
+        return {
+            labels: points[-1][1]
+            for labels, points in self._series.get(name, {}).items()
+            if points[-1][0] == self.now
+        }
+
+    def points(self, name: str, start: float, end: float) -> dict[Labels, list[Point]]:
+        """Every series of ``name`` with its samples in [start, end] (as Prometheus selects)."""
+        found = {}
+        for labels, points in self._series.get(name, {}).items():
+            inside = [p for p in points if start <= p[0] <= end]
+            if inside:
+                found[labels] = inside
+        return found
+
+    def names(self) -> set[str]:
+        """The metric names held."""
+        return set(self._series)

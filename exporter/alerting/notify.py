@@ -1,0 +1,153 @@
+"""Delivering local alerts through the relay's durable queue, targets and routes, in-process.
+
+Each evaluation's changes become Alertmanager-style notifications (webhook payload version 4,
+one per alert name and status, grouped by ``alertname`` and ``instance``), so every relay target
+formats them exactly as it formats Alertmanager's. They are routed per alert by the relay's routes,
+committed to its SQLite queue (one row per target, deduplicated by the same key) and sent by the
+relay's delivery workers, with their backoff, rate limits, digests and dead letters.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from exporter.alerting.evaluator import Alert
+from exporter.relay import payload, targets
+from exporter.relay.config import RelayConfig
+from exporter.relay.delivery import Worker
+from exporter.relay.metrics import RelayMetrics
+from exporter.relay.queue import Queue
+from exporter.relay.routes import targets_for
+from exporter.relay.templates import MessageSettings
+
+log = logging.getLogger(__name__)
+
+RECEIVER = "gpuload-local"
+_ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
+def _timestamp(seconds: float) -> str:
+    moment = datetime.datetime.fromtimestamp(seconds, datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def fingerprint(labels: dict[str, str]) -> str:
+    """A stable identity of an alert's labels (Alertmanager's is a hash of them too)."""
+    text = json.dumps(sorted(labels.items()), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def notifications(alerts: Iterable[Alert], external_url: str) -> list[dict[str, Any]]:
+    """Alertmanager webhook payloads for alerts that fired or resolved: one per name and status."""
+    groups: dict[tuple[str, str], list[Alert]] = {}
+    for alert in alerts:
+        groups.setdefault((alert.name, alert.state), []).append(alert)
+    documents = []
+    for (name, status), members in sorted(groups.items()):
+        instance = members[0].labels.get("instance", "")
+        group_labels = {"alertname": name, "instance": instance}
+        common = {
+            key: value
+            for key, value in members[0].labels.items()
+            if all(m.labels.get(key) == value for m in members)
+        }
+        common_annotations = {
+            key: value
+            for key, value in members[0].annotations.items()
+            if all(m.annotations.get(key) == value for m in members)
+        }
+        documents.append(
+            {
+                "version": "4",
+                "groupKey": f'{{}}:{{alertname="{name}", instance="{instance}"}}',
+                "truncatedAlerts": 0,
+                "receiver": RECEIVER,
+                "status": status,
+                "alerts": [_alert(alert, external_url) for alert in members],
+                "groupLabels": group_labels,
+                "commonLabels": common,
+                "commonAnnotations": common_annotations,
+                "externalURL": external_url,
+            }
+        )
+    return documents
+
+
+def _alert(alert: Alert, external_url: str) -> dict[str, Any]:
+    labels = dict(alert.labels)
+    # Like Prometheus, startsAt is when the alert started firing, not when it became pending.
+    starts = alert.firing_since if alert.firing_since is not None else alert.active_since
+    return {
+        "status": alert.state,
+        "labels": labels,
+        "annotations": dict(alert.annotations),
+        "startsAt": _timestamp(starts),
+        "endsAt": _timestamp(alert.resolved_at) if alert.resolved_at else _ZERO_TIME,
+        "generatorURL": external_url,
+        "fingerprint": fingerprint(labels),
+    }
+
+
+class Notifier:
+    """The relay's queue and one delivery worker per target, inside the exporter."""
+
+    def __init__(self, config: RelayConfig, external_url: str) -> None:
+        self._config = config
+        self._external_url = external_url
+        self.queue = Queue(config.queue.path, dedup_window=config.queue.dedup_window)
+        settings = MessageSettings(
+            grafana_url=config.message.grafana_url,
+            grafana_dashboard=config.message.grafana_dashboard,
+            timezone=config.message.timezone,
+        )
+        self.metrics = RelayMetrics(self.queue, list(config.targets))
+        self.workers = {
+            name: Worker(targets.build(target, settings), self.queue, config.delivery, self.metrics)
+            for name, target in config.targets.items()
+        }
+
+    def start(self) -> None:
+        """Start the delivery workers (they also deliver what an earlier run left queued)."""
+        for worker in self.workers.values():
+            worker.start()
+
+    def stop(self) -> None:
+        """Stop the workers within a second; what is queued stays for the next start."""
+        for worker in self.workers.values():
+            worker.stop()
+        deadline = time.monotonic() + 1.0
+        for worker in self.workers.values():
+            worker.join(timeout=max(deadline - time.monotonic(), 0.0))
+        self.queue.close()
+
+    def send(self, alerts: Iterable[Alert], now: float | None = None) -> int:
+        """Queue notifications for alerts that fired or resolved; how many rows were committed."""
+        rows = []
+        for document in notifications(alerts, self._external_url):
+            notification = payload.parse(json.dumps(document))
+            chosen: dict[str, list[int]] = {}
+            for index, alert in enumerate(notification.alerts):
+                for target in targets_for(self._config.route, alert.labels):
+                    chosen.setdefault(target, []).append(index)
+            for target, indexes in chosen.items():
+                subset = notification.subset(indexes)
+                rows.append((target, subset.dedup_key(), subset.to_json()))
+        if not rows:
+            return 0
+        at = time.time() if now is None else now
+        try:
+            results = self.queue.enqueue(rows, at, self._config.queue.max_age)
+        except sqlite3.Error as error:
+            log.error("cannot queue local alert notifications in %s: %s", self.queue.path, error)
+            return 0
+        for target, queued in results:
+            if queued:
+                self.workers[target].wake()
+        return sum(1 for _target, queued in results if queued)

@@ -1,0 +1,104 @@
+"""Gathering the doctor's window: from NVML or the simulator, or from Prometheus.
+
+Locally the doctor runs the exporter's own collection cycle (every collector, GPUs in parallel)
+at the collection interval for the window's length; nothing is served. From Prometheus it reads
+the raw samples of the window that ends now for one ``instance`` in a single range query.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import requests
+
+from exporter.alerting.history import History, labels_of, snapshot_samples
+from exporter.collection import Collection
+from exporter.collectors import REGISTRY
+from exporter.doctor.verdicts import Window
+
+
+class SamplingError(RuntimeError):
+    """Nothing could be measured; the message says why and what to do."""
+
+
+Progress = Callable[[float, float], None]
+
+
+def sample_local(
+    duration: float, interval: float, progress: Progress | None = None
+) -> tuple[Window, int]:
+    """Collect for ``duration`` seconds; return the window and how many GPUs NVML reported.
+
+    Raises:
+        SamplingError: NVML could not be initialised.
+    """
+    collection = Collection(
+        {name: spec.enabled_by_default for name, spec in REGISTRY.items()},
+        timeout=max(0.1, interval * 0.8),
+        options={name: dict(spec.options) for name, spec in REGISTRY.items()},
+    )
+    history = History(lambda _name: duration * 2 + 10)
+    started = time.monotonic()
+    gpus = 0
+    try:
+        while True:
+            snapshot = collection.run_cycle()
+            if not snapshot.nvml_up:
+                raise SamplingError(
+                    "NVML is not available: install the NVIDIA driver (libnvidia-ml.so.1), "
+                    "or try gpuload doctor --simulate SCENARIO"
+                )
+            gpus = len(snapshot.gpus)
+            history.add(snapshot_samples(snapshot.families), snapshot.completed_at)
+            elapsed = time.monotonic() - started
+            if progress is not None:
+                progress(min(elapsed, duration), duration)
+            if elapsed >= duration:
+                break
+            time.sleep(max(0.0, interval - (time.monotonic() - started) % interval))
+    finally:
+        collection.close()
+    return window_of(history, duration), gpus
+
+
+def window_of(history: History, duration: float) -> Window:
+    """The last ``duration`` seconds of a history as a window."""
+    end = history.now or time.time()
+    start = end - duration
+    series = {name: history.points(name, start, end) for name in history.names()}
+    return Window({name: found for name, found in series.items() if found}, start, end)
+
+
+def sample_prometheus(url: str, instance: str, duration: float, timeout: float = 10.0) -> Window:
+    """The raw samples of ``instance`` over the last ``duration`` seconds, from Prometheus.
+
+    Raises:
+        SamplingError: Prometheus cannot be reached, refuses the query or has no such instance.
+    """
+    seconds = max(1, round(duration))
+    query = f'{{__name__=~"gpu_.*|gpuload_.*",instance="{instance}"}}[{seconds}s]'
+    end = time.time()
+    try:
+        response = requests.get(
+            url.rstrip("/") + "/api/v1/query",
+            params={"query": query, "time": f"{end:.3f}"},
+            timeout=timeout,
+        )
+        answer = response.json()
+    except (requests.RequestException, ValueError) as error:
+        raise SamplingError(f"cannot query Prometheus at {url}: {error}") from None
+    if answer.get("status") != "success":
+        raise SamplingError(f"Prometheus refused the query: {answer.get('error', answer)}")
+    series: dict[str, dict] = {}
+    for item in answer["data"]["result"]:
+        metric = dict(item["metric"])
+        name = metric.pop("__name__")
+        points = [(float(t), float(v)) for t, v in item["values"]]
+        series.setdefault(name, {})[labels_of(metric)] = points
+    if not series:
+        raise SamplingError(
+            f'Prometheus at {url} has no gpuload samples of instance="{instance}" in the last '
+            f"{seconds}s: check the instance label (host:port of the scrape target)"
+        )
+    return Window(series, end - seconds, end)

@@ -1,0 +1,443 @@
+"""From a window of samples to one state per GPU, with the figures that show it.
+
+The states, in the order they win when several apply:
+
+========================  ===============================================================
+hardware-fault            the GPU is lost (``gpu_up 0``), reported a critical XID, counted
+                          uncorrectable ECC errors, or has a row remap pending or failed
+throttled-thermal         a thermal clock event reason active more than GPUThermalThrottling's
+                          ``active_above`` of the window
+throttled-power           ``hw_power_brake`` likewise, or ``sw_power_cap`` with the SM clock
+                          below ``POWER_THROTTLE_CLOCK_RATIO`` of its maximum (a busy GPU at its
+                          power limit with its clocks near their maximum is compute-bound)
+pcie-bound                a busy GPU on a PCIe link below its capability (GPUPCIeLinkDegraded),
+                          or moving more than ``PCIE_BUSY_RATIO`` of its link's bandwidth
+memory-bandwidth-bound    GPUMemoryBandwidthBound's DRAM and compute-pipe thresholds (GPM only)
+input-starved             in use, and GPUDataLoaderStarved's sawtooth, or below
+                          GPUUtilizationLow's average
+imbalanced                in use and more than GPULoadImbalance's spread below the busiest
+                          in-use GPU of the node
+compute-bound             in use above ``COMPUTE_BOUND_ABOVE`` (healthy)
+busy                      in use, none of the above (healthy)
+idle                      not in use (no process, memory under the in-use floor) (healthy)
+========================  ===============================================================
+
+The windowed conditions use the window's own samples (30 s by default) rather than the alerts'
+5 minutes: the doctor answers "now", the alerts "for a while".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.alerting.history import Labels, Point
+from exporter.alerting.thresholds import Thresholds
+from exporter.doctor import runbooks
+
+# The doctor's own thresholds, where no alert has one.
+COMPUTE_BOUND_ABOVE = 0.80
+POWER_THROTTLE_CLOCK_RATIO = 0.80
+PCIE_BUSY_RATIO = 0.70
+# Bytes per second per lane, after encoding, by PCIe generation.
+PCIE_LANE_BYTES = {1: 250e6, 2: 500e6, 3: 984.6e6, 4: 1969e6, 5: 3938e6, 6: 7563e6}
+
+HEALTHY = ("compute-bound", "busy", "idle")
+ORDER = (
+    "hardware-fault",
+    "throttled-thermal",
+    "throttled-power",
+    "pcie-bound",
+    "memory-bandwidth-bound",
+    "input-starved",
+    "imbalanced",
+    "compute-bound",
+    "busy",
+    "idle",
+)
+
+
+@dataclass
+class Window:
+    """Every series of a sampling window: name -> labels -> [(time, value)]."""
+
+    series: dict[str, dict[Labels, list[Point]]]
+    start: float
+    end: float
+
+    def of(self, name: str, gpu: str, **matchers: str) -> list[Point]:
+        """The samples of one GPU's series (the first that matches)."""
+        for labels, points in self.series.get(name, {}).items():
+            found = dict(labels)
+            if found.get("gpu") != gpu or "mig_instance" in found:
+                continue
+            if all(found.get(k) == v for k, v in matchers.items()):
+                return points
+        return []
+
+    def each(self, name: str, gpu: str) -> dict[Labels, list[Point]]:
+        """Every series of ``name`` for one GPU."""
+        return {
+            labels: points
+            for labels, points in self.series.get(name, {}).items()
+            if dict(labels).get("gpu") == gpu
+        }
+
+    def gpus(self) -> dict[str, dict[str, str]]:
+        """GPU index -> its identity labels (from gpu_info, else gpu_up)."""
+        found: dict[str, dict[str, str]] = {}
+        for name in ("gpu_up", "gpu_info"):
+            for labels in self.series.get(name, {}):
+                identity = dict(labels)
+                if "gpu" in identity:
+                    found.setdefault(identity["gpu"], {}).update(identity)
+        return dict(sorted(found.items(), key=lambda item: int(item[0])))
+
+
+@dataclass
+class Finding:
+    """One problem (or the healthy state) of a GPU, with its evidence and what to do."""
+
+    state: str
+    summary: str
+    evidence: list[str]
+    runbook: str = ""
+    steps: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    """The doctor's verdict on one GPU."""
+
+    gpu: str
+    uuid: str
+    name: str
+    state: str
+    findings: list[Finding]
+    figures: dict[str, float | None]
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the GPU needs nothing done."""
+        return self.state in HEALTHY or self.state == "unknown"
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return {
+            "gpu": int(self.gpu),
+            "uuid": self.uuid,
+            "name": self.name,
+            "state": self.state,
+            "healthy": self.healthy,
+            "summary": self.findings[0].summary if self.findings else "",
+            "figures": self.figures,
+            "findings": [
+                {
+                    "state": f.state,
+                    "summary": f.summary,
+                    "evidence": f.evidence,
+                    "runbook_url": f.runbook,
+                    "next_steps": f.steps,
+                }
+                for f in self.findings
+            ],
+        }
+
+
+def _mean(points: list[Point]) -> float | None:
+    return sum(v for _t, v in points) / len(points) if points else None
+
+
+def _last(points: list[Point]) -> float | None:
+    return points[-1][1] if points else None
+
+
+def _rate(points: list[Point]) -> float | None:
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
+        return None
+    return max(points[-1][1] - points[0][1], 0.0) / (points[-1][0] - points[0][0])
+
+
+def _pct(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{ratio * 100:.0f}%"
+
+
+def _gib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / 2**30:.1f} GiB"
+
+
+def figures(window: Window, gpu: str) -> dict[str, float | None]:
+    """The evidence figures of one GPU over the window."""
+    util = window.of("gpu_utilization_ratio", gpu)
+    values = [v for _t, v in util]
+    events = {
+        dict(labels)["reason"]: _mean(points)
+        for labels, points in window.each("gpu_clock_event_active", gpu).items()
+    }
+    pipes = [
+        _mean(window.of(f"gpu_{pipe}_active_ratio", gpu))
+        for pipe in ("tensor", "fp16", "fp32", "fp64")
+    ]
+    known_pipes = [p for p in pipes if p is not None]
+    sm_clock = _mean(window.of("gpu_clock_hertz", gpu, clock="sm"))
+    sm_max = _last(window.of("gpu_clock_max_hertz", gpu, clock="sm"))
+    generation = _last(window.of("gpu_pcie_link_generation", gpu))
+    width = _last(window.of("gpu_pcie_link_width", gpu))
+    capacity = None
+    if generation is not None and width is not None:
+        capacity = PCIE_LANE_BYTES.get(int(generation), 0.0) * width or None
+    return {
+        "up": _last(window.of("gpu_up", gpu)),
+        "samples": float(len(util)),
+        "utilization_mean": _mean(util),
+        "utilization_min": min(values) if values else None,
+        "utilization_max": max(values) if values else None,
+        "memory_used_bytes": _last(window.of("gpu_memory_used_bytes", gpu)),
+        "memory_total_bytes": _last(window.of("gpu_memory_total_bytes", gpu)),
+        "processes": _last(window.of("gpu_processes", gpu)),
+        "memory_utilization_mean": _mean(window.of("gpu_memory_utilization_ratio", gpu)),
+        "dram_active_mean": _mean(window.of("gpu_dram_active_ratio", gpu)),
+        "sm_active_mean": _mean(window.of("gpu_sm_active_ratio", gpu)),
+        "compute_pipe_max_mean": max(known_pipes) if known_pipes else None,
+        "thermal_event_ratio": max(
+            (events.get(r) or 0.0 for r in ("sw_thermal", "hw_thermal")), default=0.0
+        )
+        if events
+        else None,
+        "power_cap_ratio": events.get("sw_power_cap"),
+        "power_brake_ratio": events.get("hw_power_brake"),
+        "temperature_celsius": _last(window.of("gpu_temperature_celsius", gpu, sensor="gpu")),
+        "slowdown_celsius": _last(window.of("gpu_temperature_slowdown_threshold_celsius", gpu)),
+        "power_watts": _mean(window.of("gpu_power_usage_watts", gpu)),
+        "power_limit_watts": _last(window.of("gpu_power_limit_watts", gpu)),
+        "sm_clock_ratio": sm_clock / sm_max if sm_clock and sm_max else None,
+        "pcie_generation": generation,
+        "pcie_max_generation": _last(window.of("gpu_pcie_link_max_generation", gpu)),
+        "pcie_width": width,
+        "pcie_max_width": _last(window.of("gpu_pcie_link_max_width", gpu)),
+        "pcie_rx_bytes_per_second": _rate(window.of("gpu_pcie_receive_bytes_total", gpu)),
+        "pcie_tx_bytes_per_second": _rate(window.of("gpu_pcie_transmit_bytes_total", gpu)),
+        "pcie_capacity_bytes_per_second": capacity,
+    }
+
+
+def _in_use(f: Mapping[str, float | None], thresholds: Thresholds) -> bool:
+    return bool(
+        (f["processes"] or 0) > 0
+        or (f["memory_used_bytes"] or 0) > thresholds.in_use_memory_floor_bytes
+    )
+
+
+def _hardware(window: Window, gpu: str, t: Thresholds, f: Mapping[str, Any]) -> Finding | None:
+    problems: list[tuple[str, str]] = []
+    if f["up"] == 0:
+        problems.append(("GPUFellOffBus", "NVML answers GPU is lost: it has fallen off the bus"))
+    critical = {str(code) for code in t.alert("GPUXidError").xids()}
+    for labels, points in window.each("gpu_xid_errors_total", gpu).items():
+        xid = dict(labels).get("xid", "")
+        if xid in critical and (_last(points) or 0) > 0:
+            problems.append(("GPUXidError", f"critical XID {xid} reported"))
+    volatile = window.of("gpu_ecc_errors_total", gpu, type="uncorrected", counter="volatile")
+    if (_last(volatile) or 0) > 0:
+        problems.append(
+            ("GPUECCUncorrectable", f"{_last(volatile):.0f} uncorrectable ECC errors since load")
+        )
+    if _last(window.of("gpu_row_remap_failed", gpu)) == 1:
+        problems.append(("GPURowRemapFailed", "a memory row remap failed"))
+    pending = _last(window.of("gpu_row_remap_pending", gpu)) == 1
+    if pending or _last(window.of("gpu_retired_pages_pending", gpu)) == 1:
+        problems.append(("GPURowRemapPending", "a row remap (or page retirement) is pending"))
+    if not problems:
+        return None
+    alert = problems[0][0]
+    return Finding(
+        "hardware-fault",
+        problems[0][1],
+        [text for _alert, text in problems],
+        t.runbook_url(alert),
+        runbooks.steps(alert),
+    )
+
+
+def _finding(t: Thresholds, state: str, alert: str, summary: str, evidence: list[str]) -> Finding:
+    return Finding(state, summary, evidence, t.runbook_url(alert), runbooks.steps(alert))
+
+
+def _throttled(t: Thresholds, f: Mapping[str, Any]) -> list[Finding]:
+    found = []
+    thermal = f["thermal_event_ratio"]
+    clocks = f"SM clock at {_pct(f['sm_clock_ratio'])} of its maximum"
+    if thermal is not None and thermal > t.alert("GPUThermalThrottling").number("active_above"):
+        temperature = f["temperature_celsius"]
+        slowdown = f["slowdown_celsius"]
+        found.append(
+            _finding(
+                t,
+                "throttled-thermal",
+                "GPUThermalThrottling",
+                "clocks cut by thermal slowdown",
+                [
+                    f"thermal slowdown active {_pct(thermal)} of the window",
+                    f"temperature {temperature:.0f} °C (slowdown at {slowdown:.0f} °C)"
+                    if temperature is not None and slowdown is not None
+                    else "temperature n/a",
+                    clocks,
+                ],
+            )
+        )
+    active = t.alert("GPUPowerCapped").number("active_above")
+    brake = f["power_brake_ratio"] or 0.0
+    cap = f["power_cap_ratio"] or 0.0
+    clock_ratio = f["sm_clock_ratio"]
+    held_down = clock_ratio is not None and clock_ratio < POWER_THROTTLE_CLOCK_RATIO
+    if brake > active or (cap > active and held_down):
+        reason = "hardware power brake" if brake > active else "power cap"
+        found.append(
+            _finding(
+                t,
+                "throttled-power",
+                "GPUPowerCapped",
+                f"clocks held down by the {reason}",
+                [
+                    f"{reason} active {_pct(max(brake, cap))} of the window",
+                    f"power {f['power_watts'] or 0:.0f} W of {f['power_limit_watts'] or 0:.0f} W",
+                    clocks,
+                ],
+            )
+        )
+    return found
+
+
+def _pcie(t: Thresholds, f: Mapping[str, Any]) -> Finding | None:
+    generation, max_generation = f["pcie_generation"], f["pcie_max_generation"]
+    width, max_width = f["pcie_width"], f["pcie_max_width"]
+    busy = (f["utilization_mean"] or 0) > t.alert("GPUPCIeLinkDegraded").number("busy_above")
+    link = (
+        f"link gen {generation or 0:.0f} x{width or 0:.0f}"
+        f" (max gen {max_generation or 0:.0f} x{max_width or 0:.0f})"
+    )
+    if None not in (generation, max_generation, width, max_width) and busy:
+        fraction = 2 ** (generation - max_generation) * width / max_width
+        if fraction < 1:
+            return _finding(
+                t,
+                "pcie-bound",
+                "GPUPCIeLinkDegraded",
+                "a busy GPU on a PCIe link below its capability",
+                [link, f"{_pct(fraction)} of the link's full bandwidth"],
+            )
+    capacity = f["pcie_capacity_bytes_per_second"]
+    traffic = max(f["pcie_rx_bytes_per_second"] or 0, f["pcie_tx_bytes_per_second"] or 0)
+    if capacity and traffic / capacity > PCIE_BUSY_RATIO:
+        return _finding(
+            t,
+            "pcie-bound",
+            "GPUPCIeLinkDegraded",
+            "host transfers fill the PCIe link",
+            [link, f"{traffic / 1e9:.1f} GB/s, {_pct(traffic / capacity)} of the link"],
+        )
+    return None
+
+
+def _bandwidth(t: Thresholds, f: Mapping[str, Any]) -> Finding | None:
+    a = t.alert("GPUMemoryBandwidthBound")
+    dram, pipes = f["dram_active_mean"], f["compute_pipe_max_mean"]
+    if dram is None or pipes is None:
+        return None
+    if dram > a.number("dram_active_above") and pipes < a.number("compute_pipes_below"):
+        return _finding(
+            t,
+            "memory-bandwidth-bound",
+            "GPUMemoryBandwidthBound",
+            "busy moving data, not computing",
+            [
+                f"DRAM bandwidth {_pct(dram)} of peak",
+                f"busiest compute pipe {_pct(pipes)}",
+                f"utilization {_pct(f['utilization_mean'])}, SM active {_pct(f['sm_active_mean'])}",
+            ],
+        )
+    return None
+
+
+def _starved(t: Thresholds, f: Mapping[str, Any]) -> Finding | None:
+    mean, low, high = f["utilization_mean"], f["utilization_min"], f["utilization_max"]
+    if mean is None or low is None or high is None:
+        return None
+    s = t.alert("GPUDataLoaderStarved")
+    evidence = [
+        f"utilization mean {_pct(mean)}, min {_pct(low)}, max {_pct(high)}",
+        f"{_gib(f['memory_used_bytes'])} held by {f['processes'] or 0:.0f} process(es)",
+    ]
+    if (
+        mean < s.number("average_below")
+        and low < s.number("trough_below")
+        and high > s.number("peak_above")
+    ):
+        return _finding(
+            t,
+            "input-starved",
+            "GPUDataLoaderStarved",
+            "swings between idle and busy: waits for its input",
+            evidence,
+        )
+    if mean < t.alert("GPUUtilizationLow").number("below"):
+        return _finding(
+            t,
+            "input-starved",
+            "GPUUtilizationLow",
+            "in use but mostly idle: waits on something other than its compute",
+            evidence,
+        )
+    return None
+
+
+def diagnose(window: Window, thresholds: Thresholds) -> list[Report]:
+    """One report per GPU seen in the window."""
+    reports = []
+    stats = {gpu: figures(window, gpu) for gpu in window.gpus()}
+    in_use = {gpu: f for gpu, f in stats.items() if _in_use(f, thresholds) and f["up"] != 0}
+    busiest = max((f["utilization_mean"] or 0 for f in in_use.values()), default=0.0)
+    spread = thresholds.alert("GPULoadImbalance").number("spread_above")
+    for gpu, identity in window.gpus().items():
+        f = stats[gpu]
+        findings: list[Finding] = _throttled(thresholds, f)
+        optional = [_hardware(window, gpu, thresholds, f)]
+        if gpu in in_use:
+            optional += [_pcie(thresholds, f), _bandwidth(thresholds, f), _starved(thresholds, f)]
+        findings += [finding for finding in optional if finding is not None]
+        mean = f["utilization_mean"]
+        if gpu in in_use and mean is not None and busiest - mean > spread:
+            findings.append(
+                _finding(
+                    thresholds,
+                    "imbalanced",
+                    "GPULoadImbalance",
+                    "well behind the busiest GPU of the node",
+                    [f"utilization {_pct(mean)} against {_pct(busiest)} on the busiest in-use GPU"],
+                )
+            )
+        if not findings:
+            findings.append(_healthy(thresholds, gpu in in_use, f))
+        findings.sort(key=lambda finding: ORDER.index(finding.state))
+        state = findings[0].state if f["samples"] or f["up"] == 0 else "unknown"
+        reports.append(
+            Report(gpu, identity.get("uuid", ""), identity.get("name", ""), state, findings, f)
+        )
+    return reports
+
+
+def _healthy(t: Thresholds, in_use: bool, f: Mapping[str, Any]) -> Finding:
+    mean = f["utilization_mean"]
+    evidence = [
+        f"utilization mean {_pct(mean)}",
+        f"{_gib(f['memory_used_bytes'])} of {_gib(f['memory_total_bytes'])} used, "
+        f"{f['processes'] or 0:.0f} process(es)",
+    ]
+    if not in_use:
+        return Finding("idle", "nothing running on it", evidence)
+    if mean is not None and mean > COMPUTE_BOUND_ABOVE:
+        return _finding(
+            t, "compute-bound", "GPUUtilizationHigh", "busy computing: healthy", evidence
+        )
+    return Finding("busy", "working, nothing holding it back", evidence)

@@ -1,0 +1,227 @@
+"""Local alerting: the shared vectors agree between promtool and the local evaluator.
+
+Local alerts carry the rules' names, labels and annotations and go out through the relay's queue.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from helpers import wait_until
+
+from exporter import config
+from exporter.alerting import templates, thresholds, vectors
+from exporter.alerting.evaluator import NOT_LOCAL, Evaluator, local_rules
+from exporter.alerting.history import Sample
+from exporter.alerting.notify import Notifier
+
+VECTOR_FILES = vectors.vector_files()
+needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing")
+
+
+class Receiver:
+    """A real HTTP webhook receiver on 127.0.0.1 collecting JSON bodies."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        bodies = self.bodies
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                bodies.append(json.loads(body))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                """Quiet."""
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def alerts(self) -> list[dict[str, Any]]:
+        return [alert for body in self.bodies for alert in body["alerts"]]
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    receiver = Receiver()
+    yield receiver
+    receiver.server.shutdown()
+    receiver.server.server_close()
+
+
+@needs_promtool
+@pytest.mark.parametrize("path", VECTOR_FILES, ids=lambda path: path.name)
+def test_vectors_give_the_same_alerts_in_promtool_and_the_local_evaluator(
+    path: Path, tmp_path: Path
+) -> None:
+    loaded = thresholds.load()
+    cases = vectors.load_file(path)
+    test_file = tmp_path / path.name.replace(".yml", ".test.yml")
+    test_file.write_text(yaml.safe_dump(vectors.to_promtool(cases, loaded), sort_keys=False))
+    result = subprocess.run(
+        ["promtool", "test", "rules", str(test_file)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    problems = [problem for case in cases for problem in vectors.run_local(case, loaded)]
+    assert problems == []
+
+
+def test_every_locally_evaluable_alert_has_a_vector() -> None:
+    covered = {
+        name for path in VECTOR_FILES for case in vectors.load_file(path) for name in case.alerts
+    }
+    assert covered | set(NOT_LOCAL) == set(thresholds.PARAMETERS)
+    assert not covered & set(NOT_LOCAL)
+
+
+def test_local_rules_take_for_labels_and_annotations_from_the_rendered_rules() -> None:
+    document = yaml.safe_load((thresholds.RULES_DIR / "gpuload-alerts.rules.yml").read_text())
+    shipped = {rule["alert"]: rule for group in document["groups"] for rule in group["rules"]}
+    for rule in local_rules(thresholds.load()):
+        assert rule.labels == shipped[rule.name]["labels"]
+        assert rule.annotations == shipped[rule.name]["annotations"]
+        assert rule.for_seconds == thresholds.duration_seconds(shipped[rule.name].get("for", "0s"))
+
+
+@pytest.mark.parametrize(
+    ("template", "value", "expected"),
+    [
+        ("{{ $value | humanizePercentage }}", 0.2545454545, "25.45%"),
+        ("{{ $value | humanize }}", 86.0, "86"),
+        ("{{ $value | humanize }}", 1234567.0, "1.235M"),
+        ("{{ $value | humanize }}", 0.0123, "12.3m"),
+        ('{{ $value | printf "%.0f" }}', 1.1666, "1"),
+        ("{{ $value | humanizeDuration }}", 3725.0, "1h 2m 5s"),
+        ("{{ $value | humanizeDuration }}", 42.5, "42.5s"),
+        ("a{{ with $labels.node }} (node {{ . }}){{ end }}", 0, "a (node n7)"),
+        ("{{ if $labels.gpu }}gpu{{ else }}node{{ end }}", 0, "node"),
+    ],
+)
+def test_templates_render_like_prometheus(template: str, value: float, expected: str) -> None:
+    assert templates.render(template, {"node": "n7"}, value) == expected
+
+
+def test_every_annotation_of_every_rule_renders() -> None:
+    labels = {"gpu": "0", "uuid": "GPU-0", "instance": "n1:19400", "job": "gpuload", "xid": "79"}
+    for rule in local_rules(thresholds.load()):
+        for text in rule.annotations.values():
+            assert "{{" not in templates.render(text, labels, 0.5)
+
+
+def _gpu_up(value: float) -> list[Sample]:
+    return [Sample("gpu_up", (("gpu", "3"), ("uuid", "GPU-3")), value)]
+
+
+def test_an_alert_is_pending_then_firing_then_resolved_through_the_relay_queue(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    (tmp_path / "gpuload.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "alerting": {
+                    "targets": {"hook": {"type": "webhook", "url": receiver.url}},
+                    "route": {"targets": ["hook"]},
+                    "queue": {"path": str(tmp_path / "alerts.db")},
+                }
+            }
+        )
+    )
+    settings = config.load(file=tmp_path / "gpuload.yaml")
+    assert settings.alerting.delivery is not None
+    notifier = Notifier(settings.alerting.delivery, "http://n1:19400/")
+    notifier.start()
+    evaluator = Evaluator(thresholds.load(), instance="n1:19400")
+    try:
+        sent = [notifier.send(evaluator.observe(_gpu_up(0), t)) for t in (0, 30)]
+        assert sent == [0, 0]
+        assert [a.state for a in evaluator.alerts()] == ["pending"]
+        assert notifier.send(evaluator.observe(_gpu_up(0), 60)) == 1
+        assert notifier.send(evaluator.observe(_gpu_up(1), 90)) == 1
+        wait_until(lambda: len(receiver.bodies) == 2, what="two notifications")
+    finally:
+        notifier.stop()
+    firing, resolved = receiver.bodies
+    assert firing["version"] == "4" and firing["status"] == "firing"
+    assert resolved["status"] == "resolved"
+    alert = firing["alerts"][0]
+    assert alert["labels"] == {
+        "alertname": "GPUFellOffBus",
+        "severity": "critical",
+        "gpu": "3",
+        "uuid": "GPU-3",
+        "instance": "n1:19400",
+        "job": "gpuload",
+    }
+    assert alert["annotations"]["runbook_url"].endswith("runbooks.md#gpufelloffbus")
+    assert alert["annotations"]["description"].startswith("GPU 3 (GPU-3) on n1:19400 no longer")
+    assert resolved["alerts"][0]["endsAt"] != "0001-01-01T00:00:00Z"
+    with sqlite3.connect(tmp_path / "alerts.db") as db:
+        states = [row[0] for row in db.execute("SELECT state FROM notifications")]
+    assert states == ["delivered", "delivered"]
+
+
+def test_serve_delivers_a_critical_xid_from_its_own_samples(
+    tmp_path: Path, receiver: Receiver, daemon_factory
+) -> None:
+    (tmp_path / "gpuload.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "alerting": {
+                    "targets": {"hook": {"type": "webhook", "url": receiver.url}},
+                    "route": {"targets": ["hook"]},
+                    "queue": {"path": str(tmp_path / "alerts.db")},
+                }
+            }
+        )
+    )
+    # fell-off-bus: GPU 3 reports XID 79 and is lost 60 s after the epoch; GPUXidError: no `for:`.
+    daemon = daemon_factory(
+        "--simulate",
+        "fell-off-bus",
+        "--sim.epoch",
+        str(time.time() - 58),
+        "--collect.interval",
+        "200ms",
+        "--config",
+        str(tmp_path / "gpuload.yaml"),
+    )
+    wait_until(
+        lambda: any(a["labels"]["alertname"] == "GPUXidError" for a in receiver.alerts()),
+        timeout=20,
+        what="GPUXidError delivered",
+    )
+    alert = next(a for a in receiver.alerts() if a["labels"]["alertname"] == "GPUXidError")
+    port = daemon.url.rstrip("/").rsplit(":", 1)[1]
+    assert alert["status"] == "firing"
+    assert alert["labels"]["gpu"] == "3" and alert["labels"]["xid"] == "79"
+    assert alert["labels"]["instance"] == f"127.0.0.1:{port}"
+    assert alert["labels"]["severity"] == "critical"
+    assert "reported XID 79 (1 in the last 1h)" in alert["annotations"]["description"]
+    status = daemon.get("/api/v1/status").json()
+    gpu3 = status["gpus"][3]
+    assert any(a["alertname"] == "GPUXidError" and a["state"] == "firing" for a in gpu3["alerts"])
+    assert "local alert GPUXidError firing" in daemon.log()
+
+
+def test_alerting_config_errors_name_the_key_path(tmp_path: Path) -> None:
+    path = tmp_path / "gpuload.yaml"
+    path.write_text(yaml.safe_dump({"alerting": {"targets": {"ops": {"type": "slak"}}}}))
+    with pytest.raises(config.ConfigError, match=r"config file alerting\.targets\.ops\.type"):
+        config.load(file=path)
+    path.write_text(yaml.safe_dump({"alerting": {"queue": {"pth": "x.db"}}}))
+    with pytest.raises(config.ConfigError, match=r"config file alerting\.queue\.pth: unknown"):
+        config.load(file=path)
