@@ -18,6 +18,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 QUEUED, DELIVERED, DEAD = "queued", "delivered", "dead"
 
@@ -91,47 +92,66 @@ class Queue:
     def __init__(self, path: str, *, dedup_window: float = 3600.0) -> None:
         self.path = path
         self.dedup_window = dedup_window
-        self._local = threading.local()
+        # Connections not in use. The HTTP server runs each request on a new thread, so a
+        # connection per thread would open (and keep) one per request; a pool reuses them.
+        self._idle: list[sqlite3.Connection] = []
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
-        self._connection().executescript(_SCHEMA)
+        # Writers in this process take turns here rather than in SQLite's busy handler, which
+        # sleeps in growing steps (up to 100 ms) while another connection holds the lock.
+        self._writing = threading.Lock()
+        with self._borrowed() as db:
+            db.executescript(_SCHEMA)
 
-    def _connection(self) -> sqlite3.Connection:
-        db: sqlite3.Connection | None = getattr(self._local, "db", None)
-        if db is None:
-            db = sqlite3.connect(
-                self.path, timeout=10, isolation_level=None, check_same_thread=False
-            )
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            db.execute("PRAGMA busy_timeout=10000")
-            self._local.db = db
-            with self._lock:
-                self._connections.append(db)
+    def _open(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA busy_timeout=10000")
         return db
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        db = self._connection()
-        db.execute("BEGIN IMMEDIATE")
+    def _borrowed(self) -> Iterator[sqlite3.Connection]:
+        """A connection for this thread alone until the block ends."""
+        with self._lock:
+            db = self._idle.pop() if self._idle else None
+        if db is None:
+            db = self._open()
+            with self._lock:
+                self._connections.append(db)
         try:
             yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        finally:
+            with self._lock:
+                if db in self._connections:
+                    self._idle.append(db)
+
+    def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._borrowed() as db:
+            return db.execute(sql, parameters).fetchall()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._writing, self._borrowed() as db:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
 
     def close(self) -> None:
-        """Close every thread's connection."""
+        """Close every connection."""
         with self._lock:
             for db in self._connections:
                 db.close()
             self._connections.clear()
-        self._local = threading.local()
+            self._idle.clear()
 
     def check(self) -> None:
         """Raise sqlite3.Error if the file cannot be read."""
-        self._connection().execute("SELECT 1 FROM notifications LIMIT 1").fetchall()
+        self._query("SELECT 1 FROM notifications LIMIT 1")
 
     def enqueue(
         self, rows: Sequence[tuple[str, str, str]], now: float, max_age: float
@@ -152,29 +172,21 @@ class Queue:
 
     def due(self, target: str, now: float, limit: int) -> list[Entry]:
         """The oldest queued rows of a target whose next attempt is due."""
-        rows = (
-            self._connection()
-            .execute(
-                f"SELECT {_COLUMNS} FROM notifications WHERE target = ? AND state = 'queued' "
-                "AND next_attempt_at <= ? ORDER BY id LIMIT ?",
-                (target, now, limit),
-            )
-            .fetchall()
+        rows = self._query(
+            f"SELECT {_COLUMNS} FROM notifications WHERE target = ? AND state = 'queued' "
+            "AND next_attempt_at <= ? ORDER BY id LIMIT ?",
+            (target, now, limit),
         )
         return [Entry(*row) for row in rows]
 
     def next_attempt(self, target: str) -> float | None:
         """When the target's next queued row is due, or None with nothing queued."""
-        row = (
-            self._connection()
-            .execute(
-                "SELECT MIN(next_attempt_at) FROM notifications "
-                "WHERE target = ? AND state = 'queued'",
-                (target,),
-            )
-            .fetchone()
+        rows = self._query(
+            "SELECT MIN(next_attempt_at) FROM notifications WHERE target = ? AND state = 'queued'",
+            (target,),
         )
-        return None if row is None or row[0] is None else float(row[0])
+        earliest = rows[0][0] if rows else None
+        return None if earliest is None else float(earliest)
 
     def delivered(self, ids: Sequence[int], now: float) -> None:
         """Mark rows delivered; their bodies are no longer needed."""
@@ -228,13 +240,9 @@ class Queue:
 
     def states(self) -> dict[str, TargetState]:
         """Queue depth, oldest queued time and dead letters per target."""
-        rows = (
-            self._connection()
-            .execute(
-                "SELECT target, state, COUNT(*), MIN(queued_at) FROM notifications "
-                "WHERE state IN ('queued', 'dead') GROUP BY target, state"
-            )
-            .fetchall()
+        rows = self._query(
+            "SELECT target, state, COUNT(*), MIN(queued_at) FROM notifications "
+            "WHERE state IN ('queued', 'dead') GROUP BY target, state"
         )
         found: dict[str, TargetState] = {}
         for target, state, count, oldest in rows:
@@ -248,10 +256,8 @@ class Queue:
 
     def entries(self, state: str) -> list[Entry]:
         """Every row in a state, oldest first."""
-        rows = (
-            self._connection()
-            .execute(f"SELECT {_COLUMNS} FROM notifications WHERE state = ? ORDER BY id", (state,))
-            .fetchall()
+        rows = self._query(
+            f"SELECT {_COLUMNS} FROM notifications WHERE state = ? ORDER BY id", (state,)
         )
         return [Entry(*row) for row in rows]
 

@@ -170,8 +170,7 @@ class StatusPage:
             _bar(
                 "Temperature",
                 _ratio(temp, ceiling or 100.0),
-                f"{temp or 0:.0f} °C"
-                + (f" (slowdown {get('slowdown'):.0f} °C)" if get("slowdown") else ""),
+                f"{temp or 0:.0f} °C",
             ),
             _bar("Power", _ratio(power, limit), f"{power or 0:.0f} / {limit or 0:.0f} W"),
         ]
@@ -204,7 +203,7 @@ box-shadow:0 1px 3px rgba(0,0,0,.12)}
 .card h2{font-size:1.05em;margin:0}.card h2 small{font-weight:normal;color:#4a5568}
 .uuid{font-family:monospace;font-size:.75em;color:#718096;margin:.2em 0 .5em}
 .verdict{font-weight:600;margin:.3em 0 .6em}
-.bar{display:grid;grid-template-columns:7.5em 1fr 8.5em;align-items:center;gap:.5em;
+.bar{display:grid;grid-template-columns:9em 1fr 7.5em;align-items:center;gap:.5em;
 font-size:.85em;margin:.25em 0}
 .track{background:#e2e8f0;border-radius:4px;height:.7em;overflow:hidden}
 .fill{background:#3182ce;height:100%}.bar b{font-weight:normal;text-align:right}
