@@ -35,6 +35,11 @@ RUN --mount=type=bind,from=build,source=/dist,target=/dist \
 RUN groupadd --gid 10001 gpuload \
     && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin gpuload
+# The relay keeps its queue in its working directory by default (queue.path: gpuload-relay.db):
+# a folder of its own, writable by the user below even with a read-only root filesystem when
+# a volume is mounted there (the Helm chart mounts one).
+RUN mkdir -p /var/lib/gpuload && chown 10001:10001 /var/lib/gpuload
+WORKDIR /var/lib/gpuload
 USER 10001:10001
 
 # Tell the NVIDIA container runtime to expose every GPU and only the driver's management
@@ -43,11 +48,13 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=utility \
     PYTHONUNBUFFERED=1
 
-EXPOSE 19400
+# 19400: the exporter (gpuload serve); 19401: the relay (gpuload relay).
+EXPOSE 19400 19401
 
 # slim has no curl; Python's urllib is already here. urlopen raises on connection errors
 # and non-2xx answers, which makes the exit status non-zero. This follows the default
-# port: change it here too if CMD sets another --web.listen-address.
+# port: change it here too if CMD sets another --web.listen-address. Kubernetes ignores it
+# (the chart has its own probes), and `gpuload relay` containers should override it.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=15s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:19400/healthz', timeout=4)"]
 

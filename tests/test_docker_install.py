@@ -1,0 +1,199 @@
+"""The Dockerfile's install steps, run outside Docker (there is no Docker engine here).
+
+The build context is what .dockerignore lets through; the wheel is built from the files the
+build stage COPYs, with the build stage's `pip wheel` command; the runtime stage's `pip install`
+puts it and its dependencies into a fresh virtual environment, from which `gpuload --version`,
+a short `gpuload serve --simulate idle` and the image's HEALTHCHECK command must work.
+Differences from the image: this machine's Python instead of python:3.12-slim, and pip's cache
+left on (the image drops it) so that the test stays quick.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+_LISTENING = re.compile(r"listening on (http://\S+/)")
+
+
+def dockerfile_lines() -> list[str]:
+    """The Dockerfile's instructions, continuation lines joined, comments dropped."""
+    joined = re.sub(r"\\\n\s*", " ", DOCKERFILE)
+    return [line.strip() for line in joined.splitlines() if line.strip() and line[0] != "#"]
+
+
+def stages() -> list[list[str]]:
+    found: list[list[str]] = []
+    for line in dockerfile_lines():
+        if line.startswith("FROM "):
+            found.append([])
+        found[-1].append(line)
+    return found
+
+
+def ignored(relative: str, patterns: list[str]) -> bool:
+    """Docker's rule: the last matching pattern wins; `!` re-includes; a folder covers its files."""
+    verdict = False
+    parts = relative.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    for pattern in patterns:
+        negated = pattern.startswith("!")
+        body = pattern[1:] if negated else pattern
+        body = body.removeprefix("**/")
+        candidates = prefixes if "/" in body else [*prefixes, *parts]
+        if any(fnmatch.fnmatchcase(candidate, body) for candidate in candidates):
+            verdict = not negated
+    return verdict
+
+
+def build_context(destination: Path) -> None:
+    """Copy what .dockerignore lets through (of the files git knows or would add)."""
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    for relative in listed:
+        if (ROOT / relative).is_file() and not ignored(relative, patterns):
+            target = destination / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / relative, target)
+
+
+def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, **kwargs)
+    assert result.returncode == 0, f"{shlex.join(command)}:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def test_dockerignore_lets_through_only_the_packaging_inputs() -> None:
+    patterns = [
+        line
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line and line[0] != "#"
+    ]
+    for kept in ("pyproject.toml", "README.md", "exporter/cli.py", "exporter/sim/models.yaml"):
+        assert not ignored(kept, patterns), kept
+    for dropped in (
+        "tests/test_cli.py",
+        ".venv/bin/python",
+        ".git/HEAD",
+        "helm/gpuload/values.yaml",
+        "exporter/__pycache__/cli.cpython-312.pyc",
+    ):
+        assert ignored(dropped, patterns), dropped
+
+
+def test_dockerfile_install_steps_give_a_working_gpuload(tmp_path: Path) -> None:
+    build, runtime = stages()
+    assert build[0].startswith("FROM python:") and runtime[0].startswith("FROM python:")
+    assert any(line.startswith("USER 10001") for line in runtime)
+    assert 'ENTRYPOINT ["gpuload"]' in runtime
+
+    # Stage 1: the context, the COPY lines, `pip wheel`.
+    context, source, dist = tmp_path / "context", tmp_path / "src", tmp_path / "dist"
+    build_context(context)
+    source.mkdir()
+    for line in build:
+        if line.startswith("COPY "):
+            *sources, target = line.split()[1:]
+            for name in sources:
+                # Docker's rule: into a folder when the target ends with "/", else to the target.
+                destination = source / target
+                if target.endswith("/"):
+                    destination = destination / Path(name).name
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                copy = shutil.copytree if (context / name).is_dir() else shutil.copy2
+                copy(context / name, destination)
+    (wheel_step,) = [line for line in build if line.startswith("RUN pip wheel")]
+    paths = {"/dist": str(dist), ".": str(source)}
+    wheel_args = [paths.get(a, a) for a in shlex.split(wheel_step)[1:] if a != "--no-cache-dir"]
+    run([sys.executable, "-m", *wheel_args])
+    (wheel,) = dist.glob("gpuload-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "exporter/sim/scenarios/idle.yaml" in names
+    assert "exporter/kubernetes/podresources_v1_pb2.py" in names
+    assert not any(name.startswith("tests/") for name in names)
+
+    # Stage 2: `pip install` of the wheel with its dependencies into a fresh environment.
+    (install_step,) = [line for line in runtime if "pip install" in line]
+    install = re.search(r"pip install (.*?) /dist/\*\.whl", install_step)
+    assert install, install_step
+    environment = tmp_path / "runtime"
+    venv.EnvBuilder(with_pip=True).create(environment)
+    options = [o for o in install.group(1).split() if o != "--no-cache-dir"]
+    run([str(environment / "bin" / "pip"), "install", "-q", *options, str(wheel)])
+    if "pip uninstall -y pip" in install_step:
+        run([str(environment / "bin" / "python"), "-m", "pip", "uninstall", "-q", "-y", "pip"])
+
+    gpuload = str(environment / "bin" / "gpuload")
+    version = run([gpuload, "--version"], cwd=tmp_path).stdout.strip()
+    assert version == "gpuload 0.1.0"
+    check_serve(gpuload, environment / "bin" / "python", tmp_path)
+
+
+def check_serve(gpuload: str, python: Path, cwd: Path) -> None:
+    process = subprocess.Popen(
+        [gpuload, "serve", "--simulate", "idle", "--web.listen-address", "127.0.0.1:0"],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url: list[str] = []
+    lines: list[str] = []
+    seen = threading.Event()
+
+    def drain() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            lines.append(line)
+            match = _LISTENING.search(line)
+            if match:
+                url.append(match.group(1))
+                seen.set()
+        seen.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        assert seen.wait(20) and url, "gpuload serve did not start:\n" + "".join(lines)
+        assert requests.get(url[0] + "healthz", timeout=5).status_code == 200
+        deadline = time.monotonic() + 15
+        while requests.get(url[0] + "readyz", timeout=5).status_code != 200:
+            assert time.monotonic() < deadline, "never ready"
+            time.sleep(0.1)
+        assert "gpu_up{" in requests.get(url[0] + "metrics", timeout=5).text
+        # The image's HEALTHCHECK, aimed at this server's port instead of 19400.
+        instructions = "\n".join(dockerfile_lines())
+        (healthcheck,) = re.findall(r'HEALTHCHECK .*CMD \["python", "-c", "(.*)"\]', instructions)
+        port = url[0].rstrip("/").rsplit(":", 1)[1]
+        run([str(python), "-c", healthcheck.replace("19400", port)])
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            pytest.fail("gpuload serve did not stop on SIGTERM")
