@@ -1,0 +1,148 @@
+"""Scrapers, the profiler and the arithmetic the benchmark reports."""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import http.client
+import math
+import re
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+# What Prometheus 2.x sends: OpenMetrics preferred, the text format accepted, gzip asked.
+PROMETHEUS_HEADERS = {
+    "Accept": "application/openmetrics-text;version=1.0.0;q=0.5,"
+    "application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2",
+    "Accept-Encoding": "gzip",
+}
+PLAIN_HEADERS = {"Accept": "text/plain;version=0.0.4"}
+
+
+def scrape(port: int, headers: dict[str, str], path: str = "/metrics") -> tuple[float, bytes]:
+    """One scrape on a fresh connection, as Prometheus's first scrape does; (seconds, body)."""
+    started = time.perf_counter()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        connection.request("GET", path, headers=headers)
+        answer = connection.getresponse()
+        body = answer.read()
+    finally:
+        connection.close()
+    seconds = time.perf_counter() - started
+    if answer.status != 200:
+        raise RuntimeError(f"scrape answered {answer.status}")
+    return seconds, body
+
+
+def scrape_latencies(port: int, scrapers: int, per_scraper: int) -> list[float]:
+    """Latency of every scrape when `scrapers` threads scrape back to back at the same time."""
+    results: list[float] = []
+    lock = threading.Lock()
+    start = threading.Barrier(scrapers)
+
+    def run() -> None:
+        mine = []
+        start.wait()
+        for _ in range(per_scraper):
+            seconds, _body = scrape(port, PROMETHEUS_HEADERS)
+            mine.append(seconds)
+        with lock:
+            results.extend(mine)
+
+    threads = [threading.Thread(target=run) for _ in range(scrapers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    rank = max(0, math.ceil(fraction * len(ordered)) - 1)
+    return ordered[rank]
+
+
+def median(values: list[float]) -> float:
+    """The median, nan for none."""
+    return percentile(values, 0.5)
+
+
+def exposition(port: int) -> tuple[str, int]:
+    """The plain text format (decoded) and the size of the same scrape gzip-compressed."""
+    _seconds, body = scrape(port, PLAIN_HEADERS)
+    _seconds, compressed = scrape(port, {**PLAIN_HEADERS, "Accept-Encoding": "gzip"})
+    if compressed[:2] != b"\x1f\x8b":
+        compressed = gzip.compress(compressed)
+    return body.decode(), len(compressed)
+
+
+def series(text: str) -> int:
+    """Samples in an exposition: the lines that are not comments."""
+    return sum(1 for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def values_of(text: str, name: str) -> list[float]:
+    """Every sample value of the metric `name` in a text exposition."""
+    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", re.MULTILINE)
+    return [float(match.group(1)) for match in pattern.finditer(text)]
+
+
+def sleep_cost(seconds: float, repeat: int = 200) -> float:
+    """How long ``time.sleep(seconds)`` really takes here (the simulator's latency is a sleep)."""
+    if seconds <= 0:
+        return 0.0
+    taken = []
+    for _ in range(min(repeat, max(5, int(0.5 / seconds)))):
+        started = time.perf_counter()
+        time.sleep(seconds)
+        taken.append(time.perf_counter() - started)
+    return median(taken)
+
+
+def profile_share(py_spy: Path, pid: int, seconds: float) -> float | None:
+    """Fraction of the daemon's GIL-holding samples spent in the simulated NVML (py-spy --gil).
+
+    Only the thread holding the GIL is sampled, so the samples follow the Python CPU time; a
+    stack with any frame in exporter/sim/ is the simulator's cost, which a real (C) libnvidia-ml
+    would replace with its own.
+    """
+    with tempfile.TemporaryDirectory() as workdir:
+        raw = Path(workdir) / "profile.txt"
+        done = subprocess.run(
+            [
+                str(py_spy),
+                "record",
+                "--pid",
+                str(pid),
+                "--duration",
+                str(max(1, round(seconds))),
+                "--rate",
+                "200",
+                "--gil",
+                "--nonblocking",
+                "--format",
+                "raw",
+                "--output",
+                str(raw),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0 or not raw.exists():
+            return None
+        counts: collections.Counter[bool] = collections.Counter()
+        for line in raw.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            if count.isdigit():
+                counts["exporter/sim/" in stack] += int(count)
+    total = counts[True] + counts[False]
+    return counts[True] / total if total else None

@@ -1,0 +1,206 @@
+"""One exporter running on a simulated node through ``gpuload sim exec``, and what it costs.
+
+The daemon is a real process: its CPU time and peak RSS come from ``/proc``. The simulated NVML
+inside it counts its C calls; ``bench/site/sitecustomize.py`` writes that counter to a file when
+the daemon receives SIGUSR1, so reading it costs the daemon nothing between readings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+SITE = BENCH / "site"
+PEERS = BENCH / ".venv-peers"
+PEER_PACKAGES = ("nvitop-exporter", "py-spy")
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def ensure_peers() -> Path:
+    """Create bench/.venv-peers with nvitop-exporter and py-spy unless it is there already."""
+    exporter = PEERS / "bin" / "nvitop-exporter"
+    if exporter.exists() and (PEERS / "bin" / "py-spy").exists():
+        return PEERS
+    print(f"installing {', '.join(PEER_PACKAGES)} into {PEERS.relative_to(ROOT)} ...", flush=True)
+    if not (PEERS / "bin" / "python").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(PEERS)], check=True)
+    subprocess.run(
+        [str(PEERS / "bin" / "pip"), "install", "--quiet", *PEER_PACKAGES],
+        check=True,
+    )
+    return PEERS
+
+
+def peer_version(package: str) -> str:
+    """The installed version of a package in the peers' venv."""
+    python = PEERS / "bin" / "python"
+    code = f"import importlib.metadata as m; print(m.version({package!r}))"
+    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=False)
+    return done.stdout.strip() or "?"
+
+
+def gpuload_command(port: int) -> list[str]:
+    """Gpuload with every collector on, collecting every second."""
+    from exporter.collectors import REGISTRY
+
+    flags = [f"--collector.{name}" for name in sorted(REGISTRY)]
+    return [
+        sys.executable,
+        "-m",
+        "exporter",
+        "serve",
+        "--web.listen-address",
+        f"127.0.0.1:{port}",
+        "--collect.interval",
+        "1s",
+        "--log.level",
+        "warning",
+        *flags,
+    ]
+
+
+def nvitop_command(port: int) -> list[str]:
+    """nvitop-exporter, collecting every second (its default)."""
+    return [
+        str(PEERS / "bin" / "nvitop-exporter"),
+        "--bind-address",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--interval",
+        "1",
+    ]
+
+
+@dataclass
+class Usage:
+    """CPU seconds used so far and when they were read."""
+
+    cpu_seconds: float
+    at: float
+
+
+class Daemon:
+    """An exporter started under ``gpuload sim exec`` on one scenario."""
+
+    def __init__(self, name: str, scenario: Path, command: list[str], port: int) -> None:
+        self.name = name
+        self.port = port
+        self._workdir = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+        self._calls_file = self._workdir / "calls.json"
+        self._log = self._workdir / "daemon.log"
+        env = dict(os.environ)
+        # This checkout's package first (not whatever `pip install -e` points at), then the
+        # sitecustomize that dumps the call counter.
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(ROOT), str(SITE), env.get("PYTHONPATH")])
+        )
+        env["BENCH_NVML_CALLS_FILE"] = str(self._calls_file)
+        argv = [
+            sys.executable,
+            "-m",
+            "exporter",
+            "sim",
+            "exec",
+            "--scenario",
+            str(scenario),
+            "--",
+            *command,
+        ]
+        with open(self._log, "wb") as log:
+            self._launcher = subprocess.Popen(
+                argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self._workdir
+            )
+        self.pid = self._child_pid()
+
+    @property
+    def url(self) -> str:
+        """The metrics URL."""
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def _child_pid(self) -> int:
+        children = Path(f"/proc/{self._launcher.pid}/task/{self._launcher.pid}/children")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self._launcher.poll() is not None:
+                raise RuntimeError(f"{self.name} exited at start:\n{self.log_tail()}")
+            pids = children.read_text().split() if children.exists() else []
+            if pids:
+                return int(pids[0])
+            time.sleep(0.02)
+        raise RuntimeError(f"{self.name}: no daemon process appeared")
+
+    def log_tail(self) -> str:
+        """The last lines the daemon wrote."""
+        return "\n".join(self._log.read_text(errors="replace").splitlines()[-20:])
+
+    def wait_ready(self, timeout: float = 60.0) -> float:
+        """Wait until /metrics serves GPU series; return the seconds it took."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if self._launcher.poll() is not None:
+                raise RuntimeError(f"{self.name} exited:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as answer:
+                    if b"\ngpu_" in answer.read():
+                        return time.monotonic() - started
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
+
+    def usage(self) -> Usage:
+        """CPU seconds (user + system, all threads) the daemon has used so far."""
+        stat = Path(f"/proc/{self.pid}/stat").read_text()
+        fields = stat.rpartition(")")[2].split()
+        # Fields 14 and 15 of proc(5), counted after the command name's closing parenthesis.
+        ticks = int(fields[11]) + int(fields[12])
+        return Usage(ticks / CLOCK_TICKS, time.monotonic())
+
+    def peak_rss_bytes(self) -> int:
+        """The daemon's peak resident set size (VmHWM)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def nvml_calls(self) -> dict[str, int]:
+        """The simulated NVML's calls counter, read from the daemon through SIGUSR1."""
+        before = self._calls_file.stat().st_mtime_ns if self._calls_file.exists() else 0
+        os.kill(self.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if self._calls_file.exists() and self._calls_file.stat().st_mtime_ns != before:
+                counts: dict[str, int] = json.loads(self._calls_file.read_text())
+                return counts
+            time.sleep(0.01)
+        raise RuntimeError(f"{self.name} did not write its NVML call counter")
+
+    def stop(self) -> None:
+        """SIGTERM (forwarded to the daemon by sim exec), then SIGKILL if it lingers."""
+        if self._launcher.poll() is None:
+            self._launcher.terminate()
+            try:
+                self._launcher.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.pid, signal.SIGKILL)
+                self._launcher.kill()
+                self._launcher.wait()

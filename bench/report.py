@@ -1,0 +1,180 @@
+"""The printed tables and bench/RESULTS.md."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from bench.node import BENCH, peer_version
+
+RESULTS = BENCH / "RESULTS.md"
+OPTIMIZATIONS = BENCH / "OPTIMIZATIONS.md"
+
+
+@dataclass
+class Row:
+    """One exporter on one node."""
+
+    node: str
+    exporter: str
+    values: dict[str, float]
+
+
+# (key, heading, format); the ratio row divides gpuload's value by nvitop-exporter's.
+COLUMNS = (
+    ("cold_ms", "cold scrape ms", "{:.2f}"),
+    ("p50_1", "p50 1s ms", "{:.2f}"),
+    ("p99_1", "p99 1s ms", "{:.2f}"),
+    ("p50_10", "p50 10s ms", "{:.2f}"),
+    ("p99_10", "p99 10s ms", "{:.2f}"),
+    ("cpu_per_minute", "CPU s/min", "{:.2f}"),
+    ("cpu_ms_per_cycle", "CPU ms/cycle", "{:.1f}"),
+    ("sim_share", "sim %CPU", "{:.0%}"),
+    ("rss_mb", "RSS MB", "{:.1f}"),
+    ("series", "series", "{:.0f}"),
+    ("bytes", "bytes", "{:.0f}"),
+    ("gzip_bytes", "gzip B", "{:.0f}"),
+    ("calls_per_cycle", "NVML calls/cycle", "{:.0f}"),
+    ("cycles_per_minute", "cycles/min", "{:.0f}"),
+    ("cycle_ms", "cycle ms", "{:.0f}"),
+    ("nvml_ms_per_gpu", "NVML ms/GPU", "{:.1f}"),
+)
+
+
+def _cell(value: float | None, form: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return form.format(value)
+
+
+def _ratio(mine: float | None, theirs: float | None) -> str:
+    if mine is None or theirs is None or math.isnan(mine) or math.isnan(theirs) or not theirs:
+        return "-"
+    return f"{mine / theirs:.3g}x"
+
+
+def table(rows: list[Row]) -> str:
+    """A Markdown table (readable as printed): each row, and gpuload/nvitop after each node."""
+    head = ["node", "exporter", *(heading for _, heading, _ in COLUMNS)]
+    lines = [head]
+    for index, row in enumerate(rows):
+        lines.append(
+            [row.node, row.exporter, *(_cell(row.values.get(k), f) for k, _, f in COLUMNS)]
+        )
+        last_of_node = index + 1 == len(rows) or rows[index + 1].node != row.node
+        if not last_of_node:
+            continue
+        ours = next((r for r in rows if r.node == row.node and r.exporter == "gpuload"), None)
+        theirs = next((r for r in rows if r.node == row.node and r.exporter == "nvitop"), None)
+        if ours and theirs:
+            lines.append(
+                [
+                    row.node,
+                    "gpuload/nvitop",
+                    *(_ratio(ours.values.get(k), theirs.values.get(k)) for k, _, _ in COLUMNS),
+                ]
+            )
+    return _markdown(lines)
+
+
+def relay_table(rows: list[dict[str, str]]) -> str:
+    """The relay benchmark's table."""
+    if not rows:
+        return ""
+    head = list(rows[0])
+    return _markdown([head, *([row[k] for k in head] for row in rows)])
+
+
+def _markdown(lines: list[list[str]]) -> str:
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    rendered = [
+        "| "
+        + " | ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
+        + " |"
+        for line in lines
+    ]
+    rule = "|" + "|".join("-" * (width + 2) for width in widths) + "|"
+    return "\n".join([rendered[0], rule, *rendered[1:]])
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def _memory() -> str:
+    try:
+        total = Path("/proc/meminfo").read_text().split()[1]
+        return f"{int(total) / 2**20:.1f} GiB"
+    except (OSError, IndexError, ValueError):
+        return "?"
+
+
+def _commit() -> str:
+    done = subprocess.run(
+        ["git", "-C", str(BENCH), "describe", "--always", "--dirty"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return done.stdout.strip() or "?"
+
+
+def machine() -> str:
+    """Where the numbers came from."""
+    return (
+        f"commit {_commit()}; "
+        f"{platform.node()}: {_cpu_model()}, {os.cpu_count()} CPUs, {_memory()} memory, "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}; "
+        f"gpuload {metadata.version('gpuload')}, prometheus_client "
+        f"{metadata.version('prometheus_client')}, nvitop-exporter "
+        f"{peer_version('nvitop-exporter')}"
+    )
+
+
+def write_results(
+    table_text: str,
+    relay_text: str,
+    rows: list[Row],
+    relay_rows: list[dict[str, str]],
+    seconds: float,
+    arguments: str,
+) -> None:
+    """Rewrite bench/RESULTS.md from this run, with the optimization log appended."""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command = f"python -m bench {arguments}".strip()
+    parts = [
+        "# Benchmark results",
+        "",
+        f"Generated by `{command}` on {now} in {seconds:.0f} s. Do not edit: run it again.",
+        "",
+        f"Machine: {machine()}.",
+        "",
+        "Columns and method: bench/README.md. Scrape latency is per request on a fresh "
+        "connection with Prometheus's headers (OpenMetrics preferred, gzip), 200 back-to-back "
+        "scrapes from 1 scraper and 30 from each of 10 concurrent scrapers; CPU is the daemon "
+        "process's user+system time over a window without scrapes; `sim %CPU` is the share "
+        "of the daemon's GIL-holding samples (py-spy) spent inside the simulated NVML; "
+        "`NVML ms/GPU` is one GPU's NVML time per cycle under the latency model.",
+        "",
+        "## Exporters",
+        "",
+        table_text,
+        "",
+    ]
+    if relay_text:
+        parts += ["## Relay", "", relay_text, ""]
+    if OPTIMIZATIONS.exists():
+        parts += [OPTIMIZATIONS.read_text().rstrip(), ""]
+    RESULTS.write_text("\n".join(parts))

@@ -1,0 +1,32 @@
+"""Lets the benchmark read the simulated NVML's call counter out of a daemon it started.
+
+``gpuload sim exec`` puts its own ``sitecustomize`` first on the child's path; that one installs
+the simulator and then runs the next ``sitecustomize`` on the path, which is this one when the
+benchmark puts ``bench/site`` on ``PYTHONPATH``. On SIGUSR1 it writes the simulator's ``calls``
+counter (C function name -> calls so far) as JSON to the file named by ``BENCH_NVML_CALLS_FILE``.
+The handler runs only when the signal arrives, so it costs the daemon nothing in between.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from types import FrameType
+
+
+def _dump(_signum: int, _frame: FrameType | None) -> None:
+    target = os.environ.get("BENCH_NVML_CALLS_FILE")
+    pynvml = sys.modules.get("pynvml")
+    calls = getattr(getattr(pynvml, "nvmlLib", None), "calls", None)
+    if not target or calls is None:
+        return
+    temporary = f"{target}.{os.getpid()}.tmp"
+    with open(temporary, "w", encoding="utf-8") as out:
+        json.dump(dict(calls), out)
+    os.replace(temporary, target)
+
+
+if os.environ.get("BENCH_NVML_CALLS_FILE"):
+    signal.signal(signal.SIGUSR1, _dump)
