@@ -56,7 +56,14 @@ class _Progress:
 
 def run(options: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Sample, diagnose and print; return the exit code."""
-    thresholds = thresholds_file.load()
+    try:
+        thresholds = thresholds_file.load()
+    except thresholds_file.ThresholdsError as error:
+        print(
+            f"gpuload doctor: {error} (it is alert_rules/thresholds.yaml of the repository)",
+            file=err,
+        )
+        return UNMEASURED
     progress = _Progress(err)
     try:
         if options.prometheus:

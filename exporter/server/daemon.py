@@ -7,6 +7,7 @@ import logging
 import signal
 import sqlite3
 import threading
+from pathlib import Path
 from types import FrameType
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -32,7 +33,7 @@ def _install_simulator(config: Config) -> None:
     log.info("using the simulated NVML, scenario %s (not a real GPU)", settings.scenario)
 
 
-def _local_alerting(config: Config, external_url: str) -> LocalAlerting:
+def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
     port = int(external_url.rstrip("/").rsplit(":", 1)[1])
     # Imported here: the thresholds file is read only by a daemon that evaluates them.
     from exporter.alerting import thresholds
@@ -40,6 +41,15 @@ def _local_alerting(config: Config, external_url: str) -> LocalAlerting:
     from exporter.alerting.notify import Notifier
 
     settings = config.alerting
+    path = settings.thresholds_file or thresholds.DEFAULT_PATH
+    if settings.delivery is None and not Path(path).exists():
+        # An installed package without the repository's alert_rules/: the exporter still serves.
+        log.warning(
+            "no thresholds file at %s: local alerts and the status page's verdicts are off "
+            "(set alerting.thresholds_file to a copy of alert_rules/thresholds.yaml)",
+            path,
+        )
+        return None
     notifier = None
     if settings.delivery is not None:
         notifier = Notifier(settings.delivery, external_url)
@@ -51,8 +61,10 @@ def _local_alerting(config: Config, external_url: str) -> LocalAlerting:
     )
 
 
-def _run_cycle(collection: Collection, alerting: LocalAlerting) -> Snapshot:
+def _run_cycle(collection: Collection, alerting: LocalAlerting | None) -> Snapshot:
     snapshot = collection.run_cycle()
+    if alerting is None:
+        return snapshot
     try:
         alerting.observe(snapshot)
     except Exception:  # local alerting must never stop collection
@@ -107,7 +119,8 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         next_run_time=datetime.datetime.now(datetime.timezone.utc),
     )
     enabled = sorted(name for name, on in config.collectors.items() if on)
-    alerting.start()
+    if alerting is not None:
+        alerting.start()
     scheduler.start()
     server.start()
     log.info(
@@ -126,7 +139,8 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     stop.wait()
     server.stop()
     scheduler.shutdown(wait=False)
-    alerting.stop()
+    if alerting is not None:
+        alerting.stop()
     collection.close()
     log.info("stopped")
     return 0

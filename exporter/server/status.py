@@ -17,7 +17,7 @@ from typing import Any
 
 from exporter import __version__
 from exporter.alerting.evaluator import Alert
-from exporter.alerting.history import History
+from exporter.alerting.history import Sample, snapshot_samples
 from exporter.alerting.local import LocalAlerting
 from exporter.collection import Snapshot
 from exporter.doctor.sampling import window_of
@@ -38,12 +38,14 @@ def _bar(name: str, ratio: float | None, text: str) -> dict[str, Any]:
     return {"name": name, "ratio": ratio, "text": text if ratio is not None else "n/a"}
 
 
-def _by_gpu(history: History, name: str, **matchers: str) -> dict[str, float]:
+def _by_gpu(samples: list[Sample], name: str, **matchers: str) -> dict[str, float]:
     found: dict[str, float] = {}
-    for labels, value in history.latest(name).items():
-        label = dict(labels)
-        if "gpu" in label and all(label.get(k) == v for k, v in matchers.items()):
-            found.setdefault(label["gpu"], value)
+    for sample in samples:
+        label = dict(sample.labels)
+        if sample.name != name or "gpu" not in label or "mig_instance" in label:
+            continue
+        if all(label.get(k) == v for k, v in matchers.items()):
+            found.setdefault(label["gpu"], sample.value)
     return found
 
 
@@ -66,7 +68,7 @@ class StatusPage:
         self,
         latest: Callable[[], Snapshot | None],
         telemetry_path: str,
-        alerting: LocalAlerting,
+        alerting: LocalAlerting | None,
         refresh_seconds: float,
     ) -> None:
         self._latest = latest
@@ -89,6 +91,8 @@ class StatusPage:
         return [page(status, self._telemetry_path).encode()]
 
     def _reports(self, snapshot: Snapshot) -> dict[str, Report]:
+        if self._alerting is None:
+            return {}
         # The doctor runs at most once per collection, however many browsers poll.
         with self._lock:
             at, reports = self._verdicts
@@ -114,10 +118,11 @@ class StatusPage:
             return document
         document["nvml"] = "up" if snapshot.nvml_up else "down"
         document["updated_at"] = snapshot.completed_at
-        alerts = sorted(self._alerting.alerts(), key=lambda a: (a.state != "firing", a.name))
+        current = self._alerting.alerts() if self._alerting is not None else []
+        alerts = sorted(current, key=lambda a: (a.state != "firing", a.name))
         document["alerts"] = [_alert_json(a) for a in alerts if "gpu" not in a.labels]
         reports = self._reports(snapshot)
-        history = self._alerting.history
+        history = list(snapshot_samples(snapshot.families))
         values = {
             "util": _by_gpu(history, "gpu_utilization_ratio"),
             "used": _by_gpu(history, "gpu_memory_used_bytes"),
