@@ -9,6 +9,9 @@ FROM python:3.12-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY exporter ./exporter
+# exporter/alerting/data/ links to these two; the wheel carries their contents.
+COPY alert_rules/thresholds.yaml ./alert_rules/thresholds.yaml
+COPY docs/runbooks.md ./docs/runbooks.md
 RUN pip wheel --no-cache-dir --no-deps -w /dist .
 
 # Stage 2: the runtime. Nothing from stage 1 but the wheel, and the wheel itself is only

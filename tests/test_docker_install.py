@@ -185,6 +185,10 @@ def check_serve(gpuload: str, python: Path, cwd: Path) -> None:
             assert time.monotonic() < deadline, "never ready"
             time.sleep(0.1)
         assert "gpu_up{" in requests.get(url[0] + "metrics", timeout=5).text
+        # The wheel carries the thresholds and runbooks: local alerts and verdicts are on.
+        status = requests.get(url[0] + "api/v1/status", timeout=5).json()
+        assert "no thresholds file" not in "".join(lines), "".join(lines)
+        assert status["gpus"], status
         # The image's HEALTHCHECK, aimed at this server's port instead of 19400.
         instructions = "\n".join(dockerfile_lines())
         (healthcheck,) = re.findall(r'HEALTHCHECK .*CMD \["python", "-c", "(.*)"\]', instructions)

@@ -17,7 +17,11 @@ import yaml
 
 # The repository's alert_rules/ folder: thresholds.yaml and the rendered rule files live there.
 RULES_DIR = Path(__file__).resolve().parent.parent.parent / "alert_rules"
-DEFAULT_PATH = RULES_DIR / "thresholds.yaml"
+# The same thresholds.yaml through the package's data folder (a link in the repository, the
+# file itself in an installed wheel), so that an installed gpuload finds it too.
+DEFAULT_PATH = Path(__file__).parent / "data" / "thresholds.yaml"
+# docs/runbooks.md, likewise: the doctor quotes its advice.
+RUNBOOKS_PATH = Path(__file__).parent / "data" / "runbooks.md"
 
 SEVERITIES = ("info", "warning", "critical")
 

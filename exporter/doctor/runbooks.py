@@ -11,9 +11,8 @@ import functools
 import re
 from pathlib import Path
 
-from exporter.alerting.thresholds import RULES_DIR
+from exporter.alerting.thresholds import RUNBOOKS_PATH as RUNBOOKS
 
-RUNBOOKS = RULES_DIR.parent / "docs" / "runbooks.md"
 _WHAT_TO_DO = re.compile(r"^\*\*(?:Likely causes and what to do|What to do)[^*]*\*\*:?\s*(.*)$")
 _LINK = re.compile(r"\[([^\]]+)\]\([^)]*\)")
 _URL_ALONE = re.compile(r"\s*\(<https?://[^>]+>\)")

@@ -219,7 +219,9 @@ class Server:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop accepting and close the socket."""
-        self._httpd.shutdown()
+        """Stop accepting and close the socket (also when it never started serving)."""
+        if self._thread.is_alive():
+            # shutdown() waits for serve_forever to notice: it would wait forever if never run.
+            self._httpd.shutdown()
+            self._thread.join(timeout=1)
         self._httpd.server_close()
-        self._thread.join(timeout=1)
