@@ -172,6 +172,32 @@ def test_nvlink_links_traffic_and_a_link_down() -> None:
     assert value_of(later, "gpuload_collector_success", collector="nvlink") == 1
 
 
+@pytest.mark.parametrize(
+    ("scenario", "gpus", "links", "counter_calls_per_link"),
+    # Replay and recovery as field values, CRC flit/data per call; all four per call on a
+    # driver without the fields.
+    [("h100-nvlink", 8, 18, 2), ("legacy-v100", 8, 6, 4)],
+)
+def test_nvlink_error_counters_use_field_values_where_the_driver_has_them(
+    scenario: str, gpus: int, links: int, counter_calls_per_link: int
+) -> None:
+    with node(scenario, at=7200) as (_, collection, simulator):
+        collection.run_cycle()
+        before = simulator.calls["nvmlDeviceGetNvLinkErrorCounter"]
+        samples = scrape(collection.run_cycle())
+        calls = simulator.calls["nvmlDeviceGetNvLinkErrorCounter"] - before
+        handle = pynvml.nvmlDeviceGetHandleByIndex(gpus - 1)
+        replay = pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, links - 1, 0)
+        recovery = pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, links - 1, 1)
+    assert calls == gpus * links * counter_calls_per_link
+    last = {**labels_of(samples, str(gpus - 1)), "link": str(links - 1)}
+    assert value_of(samples, "gpu_nvlink_replay_errors_total", **last) == replay
+    assert value_of(samples, "gpu_nvlink_recovery_errors_total", **last) == recovery
+    assert len(series(samples, "gpu_nvlink_replay_errors_total")) == gpus * links
+    assert len(series(samples, "gpu_nvlink_crc_errors_total")) == gpus * links * 2
+    assert value_of(samples, "gpuload_collector_success", collector="nvlink") == 1
+
+
 def test_pcie_cards_have_no_nvlink_series() -> None:
     with node("mixed", at=100) as (_, collection, _sim):
         samples = scrape(collection.run_cycle())

@@ -3,9 +3,14 @@
 Families (label `link`, the link index):
     gpu_nvlink_link_up: nvmlDeviceGetNvLinkState.
     gpu_nvlink_transmit_bytes_total, gpu_nvlink_receive_bytes_total: field values
-        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX (KiB, scope = link), one call per GPU.
-    gpu_nvlink_replay_errors_total, gpu_nvlink_recovery_errors_total,
-    gpu_nvlink_crc_errors_total{type="flit"|"data"}: nvmlDeviceGetNvLinkErrorCounter.
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX (KiB, scope = link).
+    gpu_nvlink_replay_errors_total, gpu_nvlink_recovery_errors_total: field values
+        NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY / _RECOVERY (scope = link), in the same one
+        nvmlDeviceGetFieldValues call per GPU as the traffic; where a driver answers
+        NOT_SUPPORTED for them, nvmlDeviceGetNvLinkErrorCounter DL_REPLAY / DL_RECOVERY per link.
+    gpu_nvlink_crc_errors_total{type="flit"|"data"}: nvmlDeviceGetNvLinkErrorCounter
+        DL_CRC_FLIT / DL_CRC_DATA per link. The field NVML_FI_DEV_NVLINK_ERROR_DL_CRC is one
+        "NVLink CRC Error Counter" (nvml.h), without the flit/data split this family has.
 
 The links a GPU has are found once, on its first collection, by asking each link's
 state until NVML says the link does not exist.
@@ -61,15 +66,28 @@ FAMILIES = (
     ),
 )
 
-_ERROR_COUNTERS = (
-    ("gpu_nvlink_replay_errors_total", pynvml.NVML_NVLINK_ERROR_DL_REPLAY, ()),
-    ("gpu_nvlink_recovery_errors_total", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY, ()),
-    ("gpu_nvlink_crc_errors_total", pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, ("flit",)),
-    ("gpu_nvlink_crc_errors_total", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA, ("data",)),
+# (family, field id, nvmlDeviceGetNvLinkErrorCounter counter): read as field values, the
+# counter call per link being the fallback for drivers without those fields.
+_ERROR_FIELDS = (
+    (
+        "gpu_nvlink_replay_errors_total",
+        pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY,
+        pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
+    ),
+    (
+        "gpu_nvlink_recovery_errors_total",
+        pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY,
+        pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+    ),
 )
+_CRC_COUNTERS = (
+    (pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, "flit"),
+    (pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA, "data"),
+)
+# (family, field id, multiplier to bytes)
 _THROUGHPUT = (
-    ("gpu_nvlink_transmit_bytes_total", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX),
-    ("gpu_nvlink_receive_bytes_total", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX),
+    ("gpu_nvlink_transmit_bytes_total", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 1024),
+    ("gpu_nvlink_receive_bytes_total", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 1024),
 )
 
 
@@ -102,19 +120,24 @@ class NvlinkCollector:
             active = read(partial(device.nvlink_active, link))
             if active is not None:
                 yield Sample("gpu_nvlink_link_up", 1 if active else 0, (str(link),))
-        yield from self._traffic(device, read)
+        yield from self._fields(device, read)
         for link in self._links:
-            for family, counter, extra in _ERROR_COUNTERS:
+            for counter, kind in _CRC_COUNTERS:
                 count = read(partial(device.nvlink_error_count, link, counter))
                 if count is not None:
-                    yield Sample(family, count, (str(link), *extra))
+                    yield Sample("gpu_nvlink_crc_errors_total", count, (str(link), kind))
 
-    def _traffic(self, device: Device, read: Reader) -> Iterator[Sample]:
+    def _fields(self, device: Device, read: Reader) -> Iterator[Sample]:
+        """Traffic and replay/recovery errors of every link in one field-values call."""
         assert self._links is not None
-        fields = [(field, link) for _, field in _THROUGHPUT for link in self._links]
-        values = read(partial(device.field_values, fields)) or []
-        for family_field, value in zip(fields, values, strict=False):
-            field, link = family_field
+        per_link = [(family, field) for family, field, _ in (*_THROUGHPUT, *_ERROR_FIELDS)]
+        wanted = [(family, field, link) for family, field in per_link for link in self._links]
+        fields = [(field, link) for _, field, link in wanted]
+        values = read(partial(device.field_values, fields)) or [None] * len(fields)
+        scale = {field: multiplier for _, field, multiplier in _THROUGHPUT}
+        fallback = {field: counter for _, field, counter in _ERROR_FIELDS}
+        for (family, field, link), value in zip(wanted, values, strict=True):
+            if value is None and field in fallback:
+                value = read(partial(device.nvlink_error_count, link, fallback[field]))
             if value is not None:
-                family = next(name for name, fid in _THROUGHPUT if fid == field)
-                yield Sample(family, value * 1024, (str(link),))
+                yield Sample(family, value * scale.get(field, 1), (str(link),))

@@ -61,8 +61,15 @@ def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
     )
 
 
-def _run_cycle(collection: Collection, alerting: LocalAlerting | None) -> Snapshot:
+def _run_cycle(
+    collection: Collection, alerting: LocalAlerting | None, app: Application
+) -> Snapshot:
     snapshot = collection.run_cycle()
+    try:
+        # Here, not on the scrape: the first scrape of each snapshot is served from the cache.
+        app.prime(snapshot)
+    except Exception:  # a failed encoding fails that scrape, never collection
+        log.exception("encoding the snapshot for /metrics failed")
     if alerting is None:
         return snapshot
     try:
@@ -110,7 +117,7 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     scheduler.add_job(
         _run_cycle,
         "interval",
-        args=(collection, alerting),
+        args=(collection, alerting, app),
         seconds=config.collect_interval,
         id="collect",
         max_instances=1,

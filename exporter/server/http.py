@@ -14,7 +14,9 @@ import html
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -55,27 +57,74 @@ def build_registry(latest: Callable[[], Snapshot | None]) -> CollectorRegistry:
     return registry
 
 
+@dataclass
+class _Demand:
+    """How one format (content type, gzip) of /metrics has been asked for."""
+
+    encoder: Callable[[CollectorRegistry], bytes]
+    generation: int  # the cached snapshot's generation when it was last asked for
+    last: float  # monotonic time of the first request for that snapshot
+    gap: float | None = None  # seconds between the last two such requests
+
+    def asked(self, generation: int, now: float) -> None:
+        """Note a request; the first request per snapshot measures the scrape interval."""
+        if generation == self.generation:
+            return
+        self.gap, self.last, self.generation = now - self.last, now, generation
+
+    def due(self, now: float, cycle: float) -> bool:
+        """Whether the next request is expected before the next snapshot replaces this one."""
+        elapsed = now - self.last
+        if self.gap is None:
+            return elapsed <= _FIRST_GAP_LIMIT
+        # The snapshot a scrape gets is published less than a cycle before it, and
+        # Prometheus scrapes on a fixed schedule: from 1.5 cycles before the expected scrape
+        # (half a cycle of slack for jitter) until two scrapes were missed (it has gone).
+        return self.gap - 1.5 * cycle <= elapsed <= 2 * self.gap + cycle
+
+
+# Until a format has been asked for twice its interval is unknown: prime it every cycle
+# for at most this long (Prometheus's usual intervals are 15, 30 and 60 s).
+_FIRST_GAP_LIMIT = 60.0
+
+
 class MetricsEndpoint:
     """/metrics: each snapshot is encoded once per format, not once per scrape.
 
     Encoding ~1,700 series costs milliseconds of Python (OpenMetrics more, gzip more again),
-    while a snapshot only changes once per collection interval. The first scrape after a new
-    snapshot encodes it in the format it asked for; later scrapes in that format (HA Prometheus
-    pairs, dashboards, concurrent scrapers) get the same bytes, and concurrent first scrapes
-    wait for one encoding instead of each doing it. The process's own `process_*` metrics are
-    encoded with the snapshot, so they are as fresh as the snapshot: within one collection
-    interval. `name[]` filtering and anything but GET go to prometheus_client's app uncached.
+    while a snapshot only changes once per collection interval. Later scrapes in a format
+    (HA Prometheus pairs, dashboards, concurrent scrapers) get the same bytes, and
+    concurrent first scrapes wait for one encoding instead of each doing it. The process's
+    own `process_*` metrics are encoded with the snapshot, so they are as fresh as the
+    snapshot: within one collection interval. `name[]` filtering and anything but GET go to
+    prometheus_client's app uncached.
+
+    The first scrape after a new snapshot would pay for the encoding, and that is every
+    scrape of a Prometheus scraping less often than it collects. `prime` lets the
+    collection thread encode a new snapshot instead, in the formats that are expected to
+    be asked for before the next snapshot: those asked for before, from shortly before
+    their next expected scrape (the interval between past scrapes). Priming every format
+    every cycle would encode 15 times per scrape at 1 s collection and 15 s scrapes; see
+    bench/OPTIMIZATIONS.md.
     """
 
-    def __init__(self, latest: Callable[[], Snapshot | None]) -> None:
+    def __init__(
+        self,
+        latest: Callable[[], Snapshot | None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._latest = latest
+        self._clock = clock
         self._uncached = make_wsgi_app(build_registry(latest))
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
+        self._generation = 0
         # Encodes exactly the snapshot being cached, even if a newer one is published meanwhile.
         self._registry = build_registry(lambda: self._snapshot)
         # (content type, gzip) -> the encoded answer for self._snapshot.
         self._answers: dict[tuple[str, bool], bytes] = {}
+        self._demand: dict[tuple[str, bool], _Demand] = {}
+        self._primed_at: float | None = None
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         """Answer a scrape from the cache when it can."""
@@ -87,21 +136,49 @@ class MetricsEndpoint:
         compressed = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", ""))
         key = (content_type, compressed)
         with self._lock:
-            if self._snapshot is not snapshot:
-                self._snapshot, self._answers = snapshot, {}
-            body = self._answers.get(key)
-            if body is None:
-                body = encoder(self._registry)
-                if compressed:
-                    # Level 1, not gzip's 9: 0.4 ms instead of 3.7 ms for 8 GPUs' answer,
-                    # 20% larger (12.5 KB instead of 10.4 KB); see bench/RESULTS.md.
-                    body = gzip.compress(body, compresslevel=1)
-                self._answers[key] = body
+            body = self._answer(snapshot, key, encoder)
+            demand = self._demand.get(key)
+            if demand is None:
+                self._demand[key] = _Demand(encoder, self._generation, self._clock())
+            else:
+                demand.asked(self._generation, self._clock())
         headers = [("Content-Type", content_type)]
         if compressed:
             headers.append(("Content-Encoding", "gzip"))
         start_response("200 OK", headers)
         return [body]
+
+    def prime(self, snapshot: Snapshot) -> list[tuple[str, bool]]:
+        """Encode `snapshot` now in the formats due to be asked for; returns those formats."""
+        now = self._clock()
+        # The collection interval, as this is called once per cycle.
+        cycle = 0.0 if self._primed_at is None else now - self._primed_at
+        self._primed_at = now
+        with self._lock:
+            due = [(key, d.encoder) for key, d in self._demand.items() if d.due(now, cycle)]
+            for key, encoder in due:
+                self._answer(snapshot, key, encoder)
+        return [key for key, _ in due]
+
+    def _answer(
+        self,
+        snapshot: Snapshot,
+        key: tuple[str, bool],
+        encoder: Callable[[CollectorRegistry], bytes],
+    ) -> bytes:
+        """The cached answer for `snapshot` in format `key`, encoded now if missing."""
+        if self._snapshot is not snapshot:
+            self._snapshot, self._answers = snapshot, {}
+            self._generation += 1
+        body = self._answers.get(key)
+        if body is None:
+            body = encoder(self._registry)
+            if key[1]:
+                # Level 1, not gzip's 9: 0.4 ms instead of 3.7 ms for 8 GPUs' answer,
+                # 20% larger (12.5 KB instead of 10.4 KB); see bench/RESULTS.md.
+                body = gzip.compress(body, compresslevel=1)
+            self._answers[key] = body
+        return body
 
 
 class Application:
@@ -113,6 +190,10 @@ class Application:
         self._metrics = MetricsEndpoint(latest)
         # The live status page (`/` and /api/v1/status); the plain landing page without one.
         self.status: WsgiApp | None = None
+
+    def prime(self, snapshot: Snapshot) -> None:
+        """Encode a new snapshot for the scrapes expected before the next (see MetricsEndpoint)."""
+        self._metrics.prime(snapshot)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         """Dispatch a request by path."""

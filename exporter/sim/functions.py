@@ -787,23 +787,33 @@ def _samples(
 
 _NVLINK_THROUGHPUT_FIELDS = {138: "nvlink_tx", 139: "nvlink_rx"}
 _NVLINK_LINK_COUNT = 91
+# NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY / _RECOVERY (scope = link): the same counters as
+# nvmlDeviceGetNvLinkErrorCounter's NVML_NVLINK_ERROR_DL_REPLAY (0) / _RECOVERY (1). Field 163,
+# NVML_FI_DEV_NVLINK_ERROR_DL_CRC, is left unsupported: nvml.h documents it only as "NVLink
+# CRC Error Counter", not whether it counts flit CRC, data CRC or both.
+_NVLINK_ERROR_FIELDS = {161: 0, 162: 1}
+_NVLINK_FIELDS = {*_NVLINK_THROUGHPUT_FIELDS, *_NVLINK_ERROR_FIELDS, _NVLINK_LINK_COUNT}
 
 
 def _nvlink_field(gpu: SimulatedGpu, field_id: int, link: int, t: float) -> tuple[int, float] | int:
-    """NVLink fields: the link count, or a link's data throughput counter in KiB (scope = link)."""
+    """NVLink fields: the link count, or a link's throughput (KiB) or errors (scope = link)."""
     if gpu.lacks("nvlink"):
         return NOT_SUPPORTED
     if field_id == _NVLINK_LINK_COUNT:
         return _UNSIGNED_INT, gpu.model.nvlink_links
+    if field_id in _NVLINK_ERROR_FIELDS and gpu.lacks("nvlink_error_fields"):
+        return NOT_SUPPORTED
     if not 0 <= link < gpu.model.nvlink_links:
         return INVALID_ARGUMENT
+    if field_id in _NVLINK_ERROR_FIELDS:
+        return _UNSIGNED_LONG_LONG, gpu.link_errors(link, _NVLINK_ERROR_FIELDS[field_id], t)
     return _UNSIGNED_LONG_LONG, gpu.link_bytes(_NVLINK_THROUGHPUT_FIELDS[field_id], link, t) / 1024
 
 
 def _field(call: Call, field_id: int, scope: int) -> tuple[int, float] | int:
     """(value type, value) of one field id, or the error this GPU answers for it."""
     gpu, t = call.device, call.t
-    if field_id in _NVLINK_THROUGHPUT_FIELDS or field_id == _NVLINK_LINK_COUNT:
+    if field_id in _NVLINK_FIELDS:
         return _nvlink_field(gpu, field_id, scope, t)
     model = gpu.model
     power_limits = {

@@ -6,7 +6,9 @@ GPU's count answers INVALID_ARGUMENT. Links listed in a GPU's ``nvlink_down`` ar
 the whole scenario, and an ``nvlink_down`` fault takes one down for its window; the GPU's
 ``nvlink_tx``/``nvlink_rx`` traffic is then shared by the remaining links (see the throughput
 fields 138/139 in :mod:`~exporter.sim.functions`). Error counters grow at the GPU's
-``nvlink_errors_per_hour`` rates, on every link.
+``nvlink_errors_per_hour`` rates, on every link; replay and recovery are also the field values
+161/162 (NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY / _RECOVERY, scope = link), unless the GPU lacks
+``nvlink_error_fields`` (older drivers).
 """
 
 from __future__ import annotations

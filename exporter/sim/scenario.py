@@ -153,6 +153,7 @@ FEATURES: dict[str, str] = {
     "gpm": "GPM samples and metrics (Hopper and newer; declared by the model)",
     "events": "event registration (nvmlDeviceRegisterEvents, ...GetSupportedEventTypes)",
     "nvlink": "NVLink state, version, error counters, throughput fields (models with nvlink_links)",
+    "nvlink_error_fields": "fields NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY / _RECOVERY (older drivers)",
     "row_remapping": "nvmlDeviceGetRemappedRows (Ampere and newer data-centre GPUs)",
     "retired_pages": "nvmlDeviceGetRetiredPages(_v2) and ...PendingStatus (pre-Ampere data centre)",
 }

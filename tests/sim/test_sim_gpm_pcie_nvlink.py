@@ -281,6 +281,44 @@ def test_nvlink_error_counters_grow_at_their_rates(clock: ManualClock) -> None:
         pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, 0, 5)
 
 
+def test_nvlink_error_fields_match_the_error_counter_calls(clock: ManualClock) -> None:
+    install("h100-nvlink", clock=clock)
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(5)  # replay: 6, recovery: 1 per hour
+    clock.at(7200)
+    fields = [
+        (field, link)
+        for field in (
+            pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY,
+            pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY,
+        )
+        for link in range(18)
+    ]
+    values = pynvml.nvmlDeviceGetFieldValues(handle, fields)
+    assert {value.nvmlReturn for value in values} == {pynvml.NVML_SUCCESS}
+    counters = [
+        pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, counter)
+        for counter in (pynvml.NVML_NVLINK_ERROR_DL_REPLAY, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY)
+        for link in range(18)
+    ]
+    assert [value.value.ullVal for value in values] == counters
+    assert min(counters[:18]) >= 12
+    # One CRC count without the flit/data split: not simulated (see exporter/sim/functions.py).
+    (crc,) = pynvml.nvmlDeviceGetFieldValues(handle, [(pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC, 0)])
+    assert crc.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+
+
+def test_older_driver_has_no_nvlink_error_fields_but_has_the_counters() -> None:
+    install("legacy-v100", pinned_time=10.0)
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    (replay,) = pynvml.nvmlDeviceGetFieldValues(
+        handle, [(pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, 0)]
+    )
+    assert replay.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, 0, 0) == 0
+
+
 def test_nvlink_keys_are_validated(base_scenario: dict[str, Any], write_scenario: Writer) -> None:
     base_scenario["gpus"][0]["nvlink_down"] = [18]
     with pytest.raises(ScenarioError, match=r"gpus\[0\]\.nvlink_down\[0\]: expected an integer"):

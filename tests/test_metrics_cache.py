@@ -1,0 +1,95 @@
+"""/metrics's per-snapshot cache and its priming by the collection thread."""
+
+from __future__ import annotations
+
+import gzip
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+
+from exporter.collection import Snapshot
+from exporter.server.http import MetricsEndpoint
+
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+
+
+def _snapshot(value: float) -> Snapshot:
+    family = GaugeMetricFamily("gpu_test_value", "A test value.", labels=["gpu"])
+    family.add_metric(["0"], value)
+    return Snapshot(families=(family,), gpus=(), nvml_up=True, completed_at=0.0)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Node:
+    """An endpoint over a snapshot that a collection cycle replaces, on a manual clock."""
+
+    def __init__(self) -> None:
+        self.clock = _Clock()
+        self.snapshot = _snapshot(0)
+        self.endpoint = MetricsEndpoint(lambda: self.snapshot, clock=self.clock)
+        self.cycles = 0
+
+    def cycle(self) -> list[tuple[str, bool]]:
+        """One collection cycle, one second after the last: a new snapshot, then priming."""
+        self.clock.now += 1.0
+        self.cycles += 1
+        self.snapshot = _snapshot(self.cycles)
+        return self.endpoint.prime(self.snapshot)
+
+    def scrape(self, accept: str = "", encoding: str = "gzip") -> bytes:
+        environ = {
+            "REQUEST_METHOD": "GET",
+            "PATH_INFO": "/metrics",
+            "HTTP_ACCEPT": accept,
+            "HTTP_ACCEPT_ENCODING": encoding,
+        }
+        status: list[Any] = []
+        body = b"".join(self.endpoint(environ, lambda *args: status.append(args)))
+        return gzip.decompress(body) if encoding == "gzip" else body
+
+
+def test_nothing_is_primed_before_a_format_is_asked_for() -> None:
+    node = _Node()
+    assert [node.cycle() for _ in range(3)] == [[], [], []]
+
+
+def test_primed_answer_is_the_new_snapshot_in_the_asked_format() -> None:
+    node = _Node()
+    node.scrape(OPENMETRICS)
+    primed = node.cycle()
+    assert [(content_type.split(";")[0], zipped) for content_type, zipped in primed] == [
+        ("application/openmetrics-text", True)
+    ]
+    body = node.scrape(OPENMETRICS)
+    assert b'gpu_test_value{gpu="0"} 1.0' in body
+    assert body.rstrip().endswith(b"# EOF")
+
+
+def test_format_is_primed_only_shortly_before_its_next_scrape() -> None:
+    # Prometheus every 15 s, collection every second: encode near each scrape, not each cycle.
+    node = _Node()
+    primed_cycles = []
+    for second in range(1, 61):
+        if node.cycle():
+            primed_cycles.append(second)
+        if second % 15 == 0:
+            node.scrape()
+    # Until the second scrape the interval is unknown: every cycle in 16..30 is primed.
+    assert primed_cycles[: primed_cycles.index(30) + 1] == list(range(16, 31))
+    assert [s for s in primed_cycles if s > 30] == [44, 45, 59, 60]
+
+
+def test_a_scraper_that_stops_stops_the_priming() -> None:
+    node = _Node()
+    for second in range(1, 121):
+        node.cycle()
+        if second in (10, 20):
+            node.scrape("")
+    assert node.cycle() == []
