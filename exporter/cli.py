@@ -19,6 +19,11 @@ _SERVE_FLAGS = {
         f"address to listen on, host:port or :port (default :{config.DEFAULT_PORT})",
     ),
     "--web.telemetry-path": ("web.telemetry_path", "path of the metrics (default /metrics)"),
+    "--web.config.file": (
+        "web.config_file",
+        "web config file in the Prometheus exporter-toolkit format: TLS and basic auth "
+        "(docs/security.md)",
+    ),
     "--collect.interval": (
         "collect_interval",
         "how often NVML is read, e.g. 1s, 500ms (default 1s)",

@@ -18,6 +18,7 @@ import yaml
 
 if TYPE_CHECKING:
     from exporter.relay.config import RelayConfig
+    from exporter.server.webconfig import WebSecurity
 
 ENV_PREFIX = "GPULOAD_"
 # Variables of others: the simulated NVML in programs started by `gpuload sim exec`, and
@@ -36,6 +37,9 @@ class WebConfig:
 
     listen_address: str = f":{DEFAULT_PORT}"
     telemetry_path: str = "/metrics"
+    # The exporter-toolkit web config file (TLS, basic auth) and what it said at start.
+    config_file: str | None = None
+    security: WebSecurity | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -168,6 +172,7 @@ def _integer(value: Any) -> int:
 _SETTINGS: dict[str, Callable[[Any], Any]] = {
     "web.listen_address": parse_listen_address,
     "web.telemetry_path": _path,
+    "web.config_file": _optional(str),
     "log.level": _choice("debug", "info", "warning", "error"),
     "log.format": _choice("text", "json"),
     "collect_interval": parse_duration,
@@ -263,6 +268,7 @@ def load(
         ("flag", dict(flags or {})),
     ]
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     for source, layer in layers:
         for key, raw in layer.items():
             parse = settings.get(key)
@@ -272,11 +278,41 @@ def load(
                 values[key] = parse(raw)
             except (TypeError, ValueError) as error:
                 raise ConfigError(f"{source} {key}: {raw!r} is not valid: {error}") from None
+            sources[key] = source
     for key, value in values.items():
         parts = key.split(".")
         if parts[0] == "collectors" and parts[2] != "enabled":
             options[parts[1]][parts[2]] = value
-    return replace(_build(values, known, options), alerting=alerting)
+    config = replace(_build(values, known, options), alerting=alerting)
+    web_config = values.get("web.config_file")
+    if web_config is None:
+        return config
+    source = sources["web.config_file"]
+    if source == "config file" and file:
+        web_config = str(Path(file).parent / web_config)
+    return replace(
+        config,
+        web=replace(
+            config.web,
+            config_file=web_config,
+            security=load_web_config(web_config, f"{source} web.config_file"),
+        ),
+    )
+
+
+def load_web_config(path: str, where: str) -> WebSecurity:
+    """Read and check a web config file; errors start with `where` (source and key path).
+
+    Raises:
+        ConfigError: naming the key path and the key in the web config file.
+    """
+    # Imported here: the web config module imports this one's parsers.
+    from exporter.server import webconfig
+
+    try:
+        return webconfig.load(path)
+    except ConfigError as error:
+        raise ConfigError(f"{where}: {error}") from None
 
 
 # The queue file of local alerts, unless `alerting.queue.path` says otherwise.

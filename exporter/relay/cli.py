@@ -19,6 +19,7 @@ _FLAGS = {
         f"address to listen on, host:port or :port (default :{config.DEFAULT_PORT})"
     ),
     "web.path": "path Alertmanager posts to (default /alerts)",
+    "web.config_file": "web config file in the exporter-toolkit format: TLS and basic auth",
     "queue.path": "the SQLite queue file (default gpuload-relay.db)",
     "log.level": "debug, info, warning or error (default info)",
     "log.format": "text or json (default text)",

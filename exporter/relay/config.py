@@ -15,12 +15,21 @@ import zoneinfo
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from exporter.config import ConfigError, parse_bool, parse_duration, parse_listen_address
+from exporter.config import (
+    ConfigError,
+    load_web_config,
+    parse_bool,
+    parse_duration,
+    parse_listen_address,
+)
 from exporter.relay.routes import Route, parse_matcher
+
+if TYPE_CHECKING:
+    from exporter.server.webconfig import WebSecurity
 
 ENV_PREFIX = "GPULOAD_RELAY_"
 DEFAULT_PORT = 19401
@@ -57,6 +66,9 @@ class WebConfig:
     max_body_bytes: int = 1 << 20
     allow_unauthenticated: bool = False
     auth: AuthConfig = field(default_factory=AuthConfig)
+    # The exporter-toolkit web config file (TLS, basic auth) and what it said at start.
+    config_file: str | None = None
+    security: WebSecurity | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -187,6 +199,7 @@ _SETTINGS: dict[str, Callable[[Any], Any]] = {
     "web.path": _path,
     "web.max_body_bytes": _positive_integer,
     "web.allow_unauthenticated": parse_bool,
+    "web.config_file": _text,
     "web.auth.bearer_token_file": _text,
     "web.auth.bearer_token_env": _text,
     "web.auth.basic_auth.username": _text,
@@ -215,9 +228,13 @@ def env_name(key: str) -> str:
     return ENV_PREFIX + key.upper().replace(".", "_")
 
 
+# Flags named after another convention: the exporter-toolkit's, shared with `gpuload serve`.
+_FLAG_NAMES = {"web.config_file": "--web.config.file"}
+
+
 def flag_name(key: str) -> str:
     """The command-line flag of a key path: queue.max_age -> --queue.max-age."""
-    return "--" + key.replace("_", "-")
+    return _FLAG_NAMES.get(key) or "--" + key.replace("_", "-")
 
 
 def is_loopback(listen_address: str) -> bool:
@@ -293,6 +310,7 @@ def load(
         ("flag", dict(flags or {})),
     ]
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     for source, layer in layers:
         for key, raw in layer.items():
             parse = _SETTINGS.get(key)
@@ -303,6 +321,13 @@ def load(
                 values[key] = parse(raw)
             except (TypeError, ValueError) as error:
                 raise ConfigError(f"{source} {key}: {raw!r} is not valid: {error}") from None
+            sources[key] = source
+    security = None
+    if "web.config_file" in values:
+        source = sources["web.config_file"]
+        if source == "config file" and file:
+            values["web.config_file"] = str(Path(file).parent / values["web.config_file"])
+        security = load_web_config(values["web.config_file"], f"{source} web.config_file")
     secrets = _Secrets(Path(file).parent if file else Path.cwd(), environ)
     targets = _targets(from_file.get("targets"), secrets)
     route = _route(from_file.get("route", {}), "route", set(targets), top=True)
@@ -310,7 +335,7 @@ def load(
         raise ConfigError(
             "config file route: give the top route's targets (the default) and/or child routes"
         )
-    return _build(values, secrets, targets, route)
+    return _build(values, secrets, targets, route, security)
 
 
 # The relay settings that the exporter's `alerting` section takes (no inbound endpoint there).
@@ -586,6 +611,7 @@ def _build(
     secrets: _Secrets,
     targets: Mapping[str, TargetConfig],
     route: Route,
+    security: WebSecurity | None = None,
 ) -> RelayConfig:
     defaults = RelayConfig()
 
@@ -599,12 +625,22 @@ def _build(
         max_body_bytes=get("web.max_body_bytes", defaults.web.max_body_bytes),
         allow_unauthenticated=get("web.allow_unauthenticated", False),
         auth=auth,
+        config_file=get("web.config_file", None),
+        security=security,
     )
     unauthenticated = auth.bearer_token is None and auth.password is None
+    if not unauthenticated and security is not None and security.users:
+        # Both would need the one Authorization header.
+        raise ConfigError(
+            "web.auth: give either web.auth or basic_auth_users in web.config_file, not both"
+        )
+    if security is not None and security.authenticates:
+        unauthenticated = False
     if unauthenticated and not web.allow_unauthenticated and not is_loopback(web.listen_address):
         raise ConfigError(
             f"web.auth: required when listening on {web.listen_address}, which is not loopback: "
-            "set web.auth.bearer_token_file (or _env) or web.auth.basic_auth, or "
+            "set web.auth.bearer_token_file (or _env) or web.auth.basic_auth, basic_auth_users "
+            "or client_auth_type RequireAndVerifyClientCert in web.config_file, or "
             "web.allow_unauthenticated: true behind a proxy that authenticates"
         )
     delivery = DeliveryConfig(

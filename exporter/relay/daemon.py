@@ -49,7 +49,7 @@ class Relay:
             max_age=config.queue.max_age,
             wake=self._wake,
         )
-        self.server = Server(config.web.listen_address, self.app)
+        self.server = Server(config.web.listen_address, self.app, config.web.security)
         self._stopped = threading.Event()
         self._pruner = threading.Thread(target=self._prune, name="prune", daemon=True)
 
@@ -116,6 +116,8 @@ def serve(config: RelayConfig, *, stop: threading.Event | None = None) -> int:
         if config.web.auth.bearer_token
         else ("basic auth" if config.web.auth.password else "no authentication")
     )
+    if config.web.security is not None:
+        auth = f"{auth}; web config {config.web.config_file}: {config.web.security.describe()}"
     log.info(
         "listening on %s (POST %s, %s), queue %s, targets: %s",
         relay.url,

@@ -90,7 +90,7 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     )
     app = Application(lambda: collection.snapshot, config.web.telemetry_path)
     try:
-        server = Server(config.web.listen_address, app)
+        server = Server(config.web.listen_address, app, config.web.security)
     except OSError as error:
         log.error("cannot listen on %s: %s", config.web.listen_address, error.strerror or error)
         return 1
@@ -137,6 +137,8 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         config.collect_interval,
         ", ".join(enabled),
     )
+    if config.web.security is not None:
+        log.info("web config %s: %s", config.web.config_file, config.web.security.describe())
     if config.alerting.delivery is not None:
         log.info(
             "local alerts to %s, queued in %s",

@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.collection import Snapshot
+from exporter.server.webconfig import Guard, Watcher, WebSecurity
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +257,13 @@ class _QuietHandler(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         """Drop per-request logs: scrapes every few seconds would flood the log."""
 
+    def get_environ(self) -> dict[str, Any]:
+        """The WSGI environ; HTTPS=on over TLS, so that wsgi.url_scheme says https."""
+        environ = super().get_environ()
+        if hasattr(self.connection, "getpeercert"):
+            environ["HTTPS"] = "on"
+        return environ
+
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
@@ -264,6 +272,22 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
     # dropped and the client retries after a second, which 10 concurrent scrapers (or an
     # Alertmanager burst at the relay) hit at once.
     request_queue_size = 128
+    # Set when the web config turns TLS on.
+    watcher: Watcher | None = None
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        """Serve one connection; over TLS, the handshake happens here, in its own thread."""
+        if self.watcher is None:
+            super().finish_request(request, client_address)
+            return
+        wrapped = self.watcher.accept(request, client_address)
+        if wrapped is None:
+            return
+        try:
+            super().finish_request(wrapped, client_address)
+        finally:
+            # shutdown_request() closes the plain socket, which the TLS one has taken over.
+            wrapped.close()
 
 
 class _ThreadingServerV6(_ThreadingServer):
@@ -277,12 +301,17 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 class Server:
-    """The HTTP server on its own thread."""
+    """The HTTP server on its own thread; TLS and basic auth as the web config file says."""
 
-    def __init__(self, address: str, app: WsgiApp) -> None:
+    def __init__(self, address: str, app: WsgiApp, security: WebSecurity | None = None) -> None:
         host, port = parse_address(address)
         server_class = _ThreadingServerV6 if ":" in host else _ThreadingServer
+        watcher = None if security is None else Watcher(security)
+        if watcher is not None:
+            app = Guard(app, watcher)
         self._httpd = make_server(host, port, app, server_class, _QuietHandler)
+        if watcher is not None and watcher.tls:
+            self._httpd.watcher = watcher
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, name="http", kwargs={"poll_interval": 0.2}
         )
@@ -293,7 +322,8 @@ class Server:
         host, port = str(self._httpd.server_address[0]), self._httpd.server_address[1]
         shown = "127.0.0.1" if host in ("", "0.0.0.0") else host
         shown = f"[{shown}]" if ":" in shown else shown
-        return f"http://{shown}:{port}/"
+        scheme = "https" if self._httpd.watcher is not None else "http"
+        return f"{scheme}://{shown}:{port}/"
 
     def start(self) -> None:
         """Serve in the background."""
