@@ -148,10 +148,7 @@ class WebSecurity:
 
     def files(self) -> list[Path]:
         """The web config file and the files it names."""
-        named = [] if self.tls is None else [self.tls.cert_file, self.tls.key_file]
-        if self.tls is not None and self.tls.client_ca_file is not None:
-            named.append(self.tls.client_ca_file)
-        return [self.path, *named]
+        return [self.path, *_named_files(self.tls)]
 
     def describe(self) -> str:
         """What the file turns on, for the start-up log line (no secrets)."""
@@ -161,6 +158,13 @@ class WebSecurity:
         if self.users:
             parts.append(f"basic auth ({len(self.users)} users)")
         return ", ".join(parts) or "no TLS nor basic auth"
+
+
+def _named_files(tls: TLSSettings | None) -> list[Path]:
+    if tls is None:
+        return []
+    named = [tls.cert_file, tls.key_file, tls.client_ca_file]
+    return [path for path in named if path is not None]
 
 
 def _stamp(paths: Iterable[Path]) -> tuple[Any, ...]:
@@ -214,9 +218,8 @@ def _load(path: Path) -> WebSecurity:
     tls = _tls(tree.get("tls_server_config"), path.parent)
     users = _users(tree.get("basic_auth_users"))
     headers = _headers(tree.get("http_server_config"))
-    security = WebSecurity(path=path, tls=tls, users=users, headers=headers, stamp=())
     # The config file's stamp from before it was read: a change while reading reloads again.
-    stamp = before + _stamp(security.files()[1:])
+    stamp = before + _stamp(_named_files(tls))
     return WebSecurity(path=path, tls=tls, users=users, headers=headers, stamp=stamp)
 
 
