@@ -9,7 +9,7 @@ error names the key path, where it came from and what was expected.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -189,19 +189,31 @@ def env_name(key: str) -> str:
     return ENV_PREFIX + key.upper().replace(".", "_")
 
 
-def _flatten(tree: Any, prefix: str, out: dict[str, Any]) -> None:
-    if not isinstance(tree, Mapping):
-        out[prefix] = tree
-        return
-    for key, value in tree.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, Mapping) and path != "alerting":
-            _flatten(value, path, out)
-        else:
-            out[path] = value
+# Sections of `gpuload serve`'s file that are structures of their own, not settings.
+_STRUCTURES = ("alerting",)
 
 
-def _read_file(path: Path) -> dict[str, Any]:
+def flatten(tree: Mapping[Any, Any], structures: Collection[str] = ()) -> dict[str, Any]:
+    """Key paths to values: {"web": {"listen_address": x}} -> {"web.listen_address": x}.
+
+    A mapping under one of `structures` stays whole, under its own key path.
+    """
+    flat: dict[str, Any] = {}
+
+    def walk(node: Mapping[Any, Any], prefix: str) -> None:
+        for key, value in node.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if isinstance(value, Mapping) and path not in structures:
+                walk(value, path)
+            else:
+                flat[path] = value
+
+    walk(tree, "")
+    return flat
+
+
+def read_settings_file(path: Path, structures: Collection[str] = ()) -> dict[str, Any]:
+    """A YAML settings file, flattened to key paths; errors name the file."""
     try:
         tree = yaml.safe_load(path.read_text())
     except OSError as error:
@@ -212,9 +224,7 @@ def _read_file(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(tree, Mapping):
         raise ConfigError(f"config file {path}: expected a mapping of settings at the top level")
-    flat: dict[str, Any] = {}
-    _flatten(tree, "", flat)
-    return flat
+    return flatten(tree, structures)
 
 
 def _read_env(environ: Mapping[str, str], settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -258,7 +268,7 @@ def load(
         for option, default in defaults.items():
             settings[f"collectors.{name}.{option}"] = _parser_like(default)
 
-    from_file = _read_file(Path(file)) if file else {}
+    from_file = read_settings_file(Path(file), _STRUCTURES) if file else {}
     alerting = _alerting(
         from_file.pop("alerting", None), Path(file).parent if file else Path.cwd(), environ or {}
     )

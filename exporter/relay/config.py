@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from exporter.config import (
     ConfigError,
+    flatten,
     load_web_config,
     parse_bool,
     parse_duration,
     parse_listen_address,
+    read_settings_file,
 )
 from exporter.relay.routes import Route, parse_matcher
 
@@ -248,31 +248,6 @@ def is_loopback(listen_address: str) -> bool:
         return False
 
 
-def _flatten(tree: Mapping[Any, Any], prefix: str, out: dict[str, Any]) -> None:
-    for key, value in tree.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, Mapping) and path not in _STRUCTURES:
-            _flatten(value, path, out)
-        else:
-            out[path] = value
-
-
-def _read_file(path: Path) -> dict[str, Any]:
-    try:
-        tree = yaml.safe_load(path.read_text())
-    except OSError as error:
-        raise ConfigError(f"config file {path}: cannot read it ({error.strerror})") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"config file {path}: not valid YAML ({error})") from None
-    if tree is None:
-        return {}
-    if not isinstance(tree, Mapping):
-        raise ConfigError(f"config file {path}: expected a mapping of settings at the top level")
-    flat: dict[str, Any] = {}
-    _flatten(tree, "", flat)
-    return flat
-
-
 def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
     by_name = {env_name(key): key for key in _SETTINGS}
     found: dict[str, Any] = {}
@@ -303,7 +278,7 @@ def load(
         ConfigError: naming the first bad key path, its source and what is expected.
     """
     environ = environ or {}
-    from_file = _read_file(Path(file)) if file else {}
+    from_file = read_settings_file(Path(file), _STRUCTURES) if file else {}
     layers = [
         ("config file", {k: v for k, v in from_file.items() if k not in _STRUCTURES}),
         ("environment", _read_env(environ)),
@@ -358,8 +333,7 @@ def load_section(
     Raises:
         ConfigError: naming the first bad key path.
     """
-    flat: dict[str, Any] = {}
-    _flatten(tree, "", flat)
+    flat = flatten(tree, _STRUCTURES)
     values: dict[str, Any] = {}
     for key, raw in {**(defaults or {}), **flat}.items():
         if key in _STRUCTURES:
@@ -397,7 +371,7 @@ def queue_path(
     """Only ``queue.path``, for the queue commands; the rest of the file is not checked."""
     key = "queue.path"
     path = QueueConfig().path
-    from_file = _read_file(Path(file)) if file else {}
+    from_file = read_settings_file(Path(file), _STRUCTURES) if file else {}
     for layer in (
         from_file,
         {k: v for k, v in (environ or {}).items() if k == env_name(key)},
