@@ -515,6 +515,9 @@ def _close_all(collectors: Mapping[str, Any]) -> None:
             continue
         try:
             close()
+        except NvmlError as error:
+            # Expected when the driver or the GPU has gone away, taking the resources with it.
+            log.debug("collector %s: releasing its resources: %s", name, error)
         except Exception:  # releasing one collector must not stop the others
             log.warning("collector %s: releasing its resources failed", name, exc_info=True)
 

@@ -8,7 +8,8 @@ Families:
         ``gpu_utilization_ratio * on(instance, gpu, uuid) group_left(pod, namespace) gpu_pod_info``
         (with time-sliced GPUs, several pods share one: put gpu_pod_info on the left).
     gpuload_kubernetes_pod_resources_up: 1 if the kubelet's last List answer arrived in
-        time, 0 if it failed; absent where there is no pod-resources socket.
+        time, 0 if it failed or the socket seen before is gone; absent where there has been no
+        pod-resources socket.
 
 The kubelet names devices by the ids the device plugin gave them: for NVIDIA's plugin,
 GPU UUIDs (``GPU-...``), MIG device UUIDs (``MIG-...``; ``MIG-GPU-<uuid>/<gi>/<ci>`` on
@@ -154,6 +155,11 @@ class KubernetesCollector:
     def _start_call(self, now: float) -> None:
         self._next_call = now + self._refresh
         present = os.path.exists(self._socket)
+        if not present and self._socket_present:
+            # Seen before and gone now: the kubelet stopped or is restarting. That is a failed
+            # refresh (up 0, the last answer kept a while), not a node without Kubernetes.
+            self._list_failed("its socket is gone")
+            return
         if present != self._socket_present:
             self._log_socket(present)
             self._socket_present = present
@@ -182,15 +188,7 @@ class KubernetesCollector:
         try:
             found = pending.result()
         except PodResourcesError as error:
-            self._up = False
-            self._problems.report(
-                "list",
-                "collector kubernetes: the kubelet's PodResources List on %s failed (%s): "
-                "GPUs keep reporting, without pod labels after %.0fs",
-                self._socket,
-                error.code,
-                self._refresh * _KEEP_REFRESHES,
-            )
+            self._list_failed(f"List failed: {error.code}")
             return
         self._problems.resolve("list", "collector kubernetes: the kubelet answers again")
         self._up = True
@@ -198,6 +196,17 @@ class KubernetesCollector:
         self._allocations = [a for a in found if a.resource.startswith(_NVIDIA_RESOURCE)]
         if any(resolve(a.device_id, self._directory) is None for a in self._allocations):
             self._directory = read_directory(read)
+
+    def _list_failed(self, why: str) -> None:
+        self._up = False
+        self._problems.report(
+            "list",
+            "collector kubernetes: the kubelet's pod-resources socket %s: %s; "
+            "GPUs keep reporting, without pod labels after %.0fs",
+            self._socket,
+            why,
+            self._refresh * _KEEP_REFRESHES,
+        )
 
 
 def resolve(device_id: str, directory: dict[str, Target]) -> Target | None:
