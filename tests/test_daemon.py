@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -138,3 +139,30 @@ def test_metrics_appear_when_the_driver_loads(daemon_factory, tmp_path) -> None:
     )
     assert daemon.log().count("NVML initialisation failed") == 1
     assert "NVML initialised: 2 GPUs" in daemon.log()
+
+
+def test_repeated_scheduler_warnings_are_let_through_once_per_interval() -> None:
+    from exporter.logs import RepeatFilter
+
+    repeat = RepeatFilter(interval=600)
+
+    def record(created: float) -> logging.LogRecord:
+        entry = logging.LogRecord(
+            "apscheduler.scheduler",
+            logging.WARNING,
+            "",
+            0,
+            "Execution of job %s skipped",
+            ("collect",),
+            None,
+        )
+        entry.created = created
+        return entry
+
+    assert [repeat.filter(record(t)) for t in (0, 1, 2, 599, 601)] == [
+        True,
+        False,
+        False,
+        False,
+        True,
+    ]
