@@ -184,9 +184,9 @@ _SETTINGS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-def env_name(key: str) -> str:
+def env_name(key: str, prefix: str = ENV_PREFIX) -> str:
     """The environment variable of a key path: web.listen_address -> GPULOAD_WEB_LISTEN_ADDRESS."""
-    return ENV_PREFIX + key.upper().replace(".", "_")
+    return prefix + key.upper().replace(".", "_")
 
 
 # Sections of `gpuload serve`'s file that are structures of their own, not settings.
@@ -227,14 +227,22 @@ def read_settings_file(path: Path, structures: Collection[str] = ()) -> dict[str
     return flatten(tree, structures)
 
 
-def _read_env(environ: Mapping[str, str], settings: Mapping[str, Any]) -> dict[str, Any]:
-    by_name = {env_name(key): key for key in settings}
+def read_env(
+    environ: Mapping[str, str],
+    settings: Collection[str],
+    *,
+    prefix: str = ENV_PREFIX,
+    skip: tuple[str, ...] = _RESERVED_ENV_PREFIXES,
+    program: str = "gpuload",
+) -> dict[str, Any]:
+    """The settings given as `prefix`+KEY_PATH variables; any other such variable is an error."""
+    by_name = {env_name(key, prefix): key for key in settings}
     found: dict[str, Any] = {}
     for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name.startswith(_RESERVED_ENV_PREFIXES):
+        if not name.startswith(prefix) or name.startswith(skip):
             continue
         if name not in by_name:
-            raise ConfigError(f"environment variable {name}: not a gpuload setting")
+            raise ConfigError(f"environment variable {name}: not a {program} setting")
         found[by_name[name]] = value
     return found
 
@@ -274,7 +282,7 @@ def load(
     )
     layers = [
         ("config file", from_file),
-        ("environment", _read_env(environ or {}, settings)),
+        ("environment", read_env(environ or {}, settings)),
         ("flag", dict(flags or {})),
     ]
     values: dict[str, Any] = {}

@@ -24,8 +24,10 @@ from exporter.config import (
     parse_bool,
     parse_duration,
     parse_listen_address,
+    read_env,
     read_settings_file,
 )
+from exporter.config import env_name as settings_env_name
 from exporter.relay.routes import Route, parse_matcher
 
 if TYPE_CHECKING:
@@ -225,7 +227,7 @@ _STRUCTURES = ("targets", "route")
 
 def env_name(key: str) -> str:
     """The environment variable of a key path: queue.path -> GPULOAD_RELAY_QUEUE_PATH."""
-    return ENV_PREFIX + key.upper().replace(".", "_")
+    return settings_env_name(key, ENV_PREFIX)
 
 
 # Flags named after another convention: the exporter-toolkit's, shared with `gpuload serve`.
@@ -246,18 +248,6 @@ def is_loopback(listen_address: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
-    by_name = {env_name(key): key for key in _SETTINGS}
-    found: dict[str, Any] = {}
-    for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX):
-            continue
-        if name not in by_name:
-            raise ConfigError(f"environment variable {name}: not a gpuload relay setting")
-        found[by_name[name]] = value
-    return found
 
 
 def load(
@@ -281,7 +271,10 @@ def load(
     from_file = read_settings_file(Path(file), _STRUCTURES) if file else {}
     layers = [
         ("config file", {k: v for k, v in from_file.items() if k not in _STRUCTURES}),
-        ("environment", _read_env(environ)),
+        (
+            "environment",
+            read_env(environ, _SETTINGS, prefix=ENV_PREFIX, skip=(), program="gpuload relay"),
+        ),
         ("flag", dict(flags or {})),
     ]
     values: dict[str, Any] = {}
