@@ -58,12 +58,18 @@ class FakeTarget:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                if len(body) < length:
+                    # The sender died mid-request (a kill -9 in the crash test): like a real
+                    # service, drop it unanswered; the sender never saw a 2xx and retries.
+                    self.close_connection = True
+                    return
                 parts = urlsplit(self.path)
                 received = Received(
                     parts.path,
                     parse_qs(parts.query),
                     dict(self.headers.items()),
-                    self.rfile.read(length),
+                    body,
                     time.monotonic(),
                 )
                 fake.requests.append(received)
