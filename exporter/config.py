@@ -134,7 +134,9 @@ def parse_listen_address(value: Any) -> str:
     return text
 
 
-def _choice(*allowed: str) -> Callable[[Any], str]:
+def parse_choice(*allowed: str) -> Callable[[Any], str]:
+    """A parser accepting one of `allowed` (case-insensitive), returned lower-case."""
+
     def parse(value: Any) -> str:
         text = str(value).lower()
         if text not in allowed:
@@ -144,7 +146,8 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
     return parse
 
 
-def _path(value: Any) -> str:
+def parse_url_path(value: Any) -> str:
+    """An HTTP path such as /metrics."""
     text = str(value)
     if not text.startswith("/"):
         raise ValueError("expected a path starting with /")
@@ -171,10 +174,10 @@ def _integer(value: Any) -> int:
 # come from the collector registry and are added by `load`.
 _SETTINGS: dict[str, Callable[[Any], Any]] = {
     "web.listen_address": parse_listen_address,
-    "web.telemetry_path": _path,
+    "web.telemetry_path": parse_url_path,
     "web.config_file": _optional(str),
-    "log.level": _choice("debug", "info", "warning", "error"),
-    "log.format": _choice("text", "json"),
+    "log.level": parse_choice("debug", "info", "warning", "error"),
+    "log.format": parse_choice("text", "json"),
     "collect_interval": parse_duration,
     "collect_timeout": _optional(parse_duration),
     "simulate.scenario": _optional(str),
@@ -374,13 +377,14 @@ def _parser_like(default: Any) -> Callable[[Any], Any]:
     if isinstance(default, bool):
         return parse_bool
     if isinstance(default, int):
-        return _positive_integer
+        return parse_positive_integer
     if isinstance(default, float):
         return parse_duration
     return str
 
 
-def _positive_integer(value: Any) -> int:
+def parse_positive_integer(value: Any) -> int:
+    """An integer of at least 1 (not a bool, not a fraction)."""
     number = _integer(value)
     if number < 1:
         raise ValueError("expected an integer of at least 1")

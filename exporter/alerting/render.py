@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,19 +55,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RULES_DIR, help="folder of the rule files")
     parser.add_argument("--check", action="store_true", help="only compare, write nothing")
     args = parser.parse_args(argv)
+    texts = {args.out / name: text for name, text in render(load(args.thresholds)).items()}
+    return write_rendered(texts, check=args.check, differs="differs from the thresholds")
+
+
+def write_rendered(texts: Mapping[Path, str], *, check: bool, differs: str) -> int:
+    """Write each file whose text changed, or with `check` only report it; the exit code.
+
+    Shared by the rule files' and the dashboards' render commands.
+    """
     stale = []
-    for name, text in render(load(args.thresholds)).items():
-        path = args.out / name
+    for path, text in texts.items():
         current = path.read_text(encoding="utf-8") if path.exists() else None
         if current == text:
             continue
         stale.append(path)
-        if not args.check:
+        if not check:
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
     for path in stale:
-        verb = "differs from the thresholds" if args.check else "rendered"
-        print(f"{path}: {verb}", file=sys.stderr)
-    return 1 if args.check and stale else 0
+        print(f"{path}: {differs if check else 'rendered'}", file=sys.stderr)
+    return 1 if check and stale else 0
 
 
 if __name__ == "__main__":

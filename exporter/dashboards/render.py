@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from exporter.alerting.render import write_rendered
 from exporter.alerting.thresholds import DEFAULT_PATH, Thresholds, load
 from exporter.dashboards import bottlenecks, fleet, node
 
@@ -43,20 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DASHBOARDS_DIR, help="folder of the JSON")
     parser.add_argument("--check", action="store_true", help="only compare, write nothing")
     args = parser.parse_args(argv)
-    stale = []
-    for name, text in render(load(args.thresholds)).items():
-        path = args.out / name
-        current = path.read_text(encoding="utf-8") if path.exists() else None
-        if current == text:
-            continue
-        stale.append(path)
-        if not args.check:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-    for path in stale:
-        verb = "differs from its definition" if args.check else "rendered"
-        print(f"{path}: {verb}", file=sys.stderr)
-    return 1 if args.check and stale else 0
+    texts = {args.out / name: text for name, text in render(load(args.thresholds)).items()}
+    return write_rendered(texts, check=args.check, differs="differs from its definition")
 
 
 if __name__ == "__main__":

@@ -22,8 +22,11 @@ from exporter.config import (
     flatten,
     load_web_config,
     parse_bool,
+    parse_choice,
     parse_duration,
     parse_listen_address,
+    parse_positive_integer,
+    parse_url_path,
     read_env,
     read_settings_file,
 )
@@ -141,32 +144,6 @@ class RelayConfig:
     route: Route = field(default_factory=Route)
 
 
-def _choice(*allowed: str) -> Callable[[Any], str]:
-    def parse(value: Any) -> str:
-        text = str(value).lower()
-        if text not in allowed:
-            raise ValueError(f"expected one of {', '.join(allowed)}")
-        return text
-
-    return parse
-
-
-def _positive_integer(value: Any) -> int:
-    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-        raise ValueError("expected an integer")
-    number = int(value)
-    if number < 1:
-        raise ValueError("expected an integer of at least 1")
-    return number
-
-
-def _path(value: Any) -> str:
-    text = str(value)
-    if not text.startswith("/"):
-        raise ValueError("expected a path starting with /")
-    return text
-
-
 def _timezone(value: Any) -> str:
     text = str(value)
     try:
@@ -198,8 +175,8 @@ def _text(value: Any) -> str:
 # Scalar settings by key path. Secrets (`*_file`, `*_env`) are resolved in `_build`.
 _SETTINGS: dict[str, Callable[[Any], Any]] = {
     "web.listen_address": parse_listen_address,
-    "web.path": _path,
-    "web.max_body_bytes": _positive_integer,
+    "web.path": parse_url_path,
+    "web.max_body_bytes": parse_positive_integer,
     "web.allow_unauthenticated": parse_bool,
     "web.config_file": _text,
     "web.auth.bearer_token_file": _text,
@@ -214,13 +191,13 @@ _SETTINGS: dict[str, Callable[[Any], Any]] = {
     "delivery.timeout": parse_duration,
     "delivery.backoff_initial": parse_duration,
     "delivery.backoff_max": parse_duration,
-    "delivery.storm_threshold": _positive_integer,
-    "delivery.digest_max": _positive_integer,
+    "delivery.storm_threshold": parse_positive_integer,
+    "delivery.digest_max": parse_positive_integer,
     "message.grafana_url": _url,
     "message.grafana_dashboard": _text,
     "message.timezone": _timezone,
-    "log.level": _choice("debug", "info", "warning", "error"),
-    "log.format": _choice("text", "json"),
+    "log.level": parse_choice("debug", "info", "warning", "error"),
+    "log.format": parse_choice("text", "json"),
 }
 _STRUCTURES = ("targets", "route")
 
