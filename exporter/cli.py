@@ -32,6 +32,12 @@ _SERVE_FLAGS = {
         "collect_timeout",
         "how long a cycle waits for a GPU before marking it stale (default 80%% of the interval)",
     ),
+    "--collect.slow-interval": (
+        "collect_slow_interval",
+        "how often values that change rarely are read: limits, maxima, ECC/NVLink error "
+        "counters, remapped rows, driver versions (default 10s; at most the interval: every "
+        "cycle)",
+    ),
     "--log.level": ("log.level", "debug, info, warning or error (default info)"),
     "--log.format": ("log.format", "text or json (default text)"),
     "--simulate": (

@@ -101,9 +101,11 @@ class _Gpu:
     retry: _Backoff = field(default_factory=_Backoff)
 
 
-def run_collector(name: str, collect: Callable[[Reader], Iterable[Sample]]) -> CollectorRun:
+def run_collector(
+    name: str, collect: Callable[[Reader], Iterable[Sample]], *, slow_due: bool = True
+) -> CollectorRun:
     """Run one collector behind the error boundary: nothing it raises escapes."""
-    read = Reader()
+    read = Reader(slow_due=slow_due)
     started = time.perf_counter()
     try:
         samples = tuple(collect(read))
@@ -131,6 +133,7 @@ class Collection:
         *,
         timeout: float,
         options: Mapping[str, Mapping[str, Any]] | None = None,
+        slow_interval: float = 0.0,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._specs = [REGISTRY[name] for name, on in enabled.items() if on and name in REGISTRY]
@@ -140,6 +143,10 @@ class Collection:
         }
         self._node_collectors: dict[str, Any] = {}
         self._timeout = timeout
+        # Values that change rarely are read again once per slow interval (0: every cycle).
+        self._slow_interval = slow_interval
+        self._next_slow = 0.0
+        self._slow_due = True
         self._wall_clock = wall_clock
         self._gpus: dict[int, _Gpu] = {}
         self._executor: ThreadPoolExecutor | None = None
@@ -166,6 +173,9 @@ class Collection:
                 self._start_nvml(now)
             runs: list[CollectorRun] = []
             if self._nvml_up:
+                self._slow_due = now >= self._next_slow
+                if self._slow_due:
+                    self._next_slow = now + self._slow_interval
                 self._reacquire_lost_gpus(now)
                 runs = self._collect_all()
             snapshot = self._publish(runs, time.perf_counter() - started)
@@ -293,11 +303,11 @@ class Collection:
         pending: dict[Future[list[CollectorRun]], _Gpu] = {}
         for gpu in self._gpus.values():
             if gpu.device is not None and gpu.in_flight is None:
-                gpu.in_flight = self._executor.submit(self._collect_gpu, gpu)
+                gpu.in_flight = self._executor.submit(self._collect_gpu, gpu, self._slow_due)
             if gpu.in_flight is not None:
                 pending[gpu.in_flight] = gpu
         node_runs = [
-            run_collector(name, collector.collect)
+            run_collector(name, collector.collect, slow_due=self._slow_due)
             for name, collector in self._node_collectors.items()
         ]
         wait(pending, timeout=self._timeout)
@@ -322,13 +332,13 @@ class Collection:
             self._reinit()
         return runs
 
-    def _collect_gpu(self, gpu: _Gpu) -> list[CollectorRun]:
+    def _collect_gpu(self, gpu: _Gpu, slow_due: bool) -> list[CollectorRun]:
         assert gpu.device is not None and gpu.identity is not None
         device, labels = gpu.device, (str(gpu.index), gpu.identity.uuid)
         runs = []
         for name, collector in gpu.collectors.items():
             gpu.current_collector = name
-            run = run_collector(name, partial(collector.collect, device))
+            run = run_collector(name, partial(collector.collect, device), slow_due=slow_due)
             # Prefix the GPU's identity labels here, once, for every sample.
             samples = tuple(Sample(s.family, s.value, labels + s.labels) for s in run.samples)
             runs.append(dataclasses.replace(run, samples=samples, gpu=gpu.index))

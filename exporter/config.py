@@ -81,6 +81,8 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     collect_interval: float = 1.0
     collect_timeout: float | None = None
+    # Limits, maxima, error counters, remapped rows, driver versions: read this often.
+    collect_slow_interval: float = 10.0
     collectors: Mapping[str, bool] = field(default_factory=dict)
     collector_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     simulate: SimulationConfig = field(default_factory=SimulationConfig)
@@ -180,6 +182,7 @@ _SETTINGS: dict[str, Callable[[Any], Any]] = {
     "log.format": parse_choice("text", "json"),
     "collect_interval": parse_duration,
     "collect_timeout": _optional(parse_duration),
+    "collect_slow_interval": parse_duration,
     "simulate.scenario": _optional(str),
     "simulate.epoch": _optional(_number),
     "simulate.seed": _optional(_integer),
@@ -422,6 +425,7 @@ def _build(
         ),
         collect_interval=get("collect_interval", defaults.collect_interval),
         collect_timeout=get("collect_timeout", defaults.collect_timeout),
+        collect_slow_interval=get("collect_slow_interval", defaults.collect_slow_interval),
         collectors=enabled,
         collector_options=options,
         simulate=SimulationConfig(

@@ -44,6 +44,35 @@ GPU_KEYS = ("instance", "job", "gpu", "uuid")
 NODE_KEYS = ("job", "instance", "node")
 # Prometheus's lookback for an instant selector (`x offset 1h` finds a sample up to 5m older).
 LOOKBACK_SECONDS = 300.0
+# Every metric name the conditions below read: an evaluator's history keeps these and no others.
+FAMILIES = frozenset(
+    {
+        "gpu_up",
+        "gpu_processes",
+        "gpu_memory_used_bytes",
+        "gpu_memory_total_bytes",
+        "gpu_utilization_ratio",
+        "gpu_dram_active_ratio",
+        *(f"gpu_{pipe}_active_ratio" for pipe in rules.COMPUTE_PIPES),
+        "gpu_pod_info",
+        "gpu_clock_event_active",
+        "gpu_temperature_celsius",
+        "gpu_temperature_slowdown_threshold_celsius",
+        "gpu_pcie_link_generation",
+        "gpu_pcie_link_max_generation",
+        "gpu_pcie_link_width",
+        "gpu_pcie_link_max_width",
+        "gpu_xid_errors_total",
+        "gpu_ecc_errors_total",
+        "gpu_row_remap_pending",
+        "gpu_row_remap_failed",
+        "gpu_retired_pages_pending",
+        "gpuload_collector_success",
+        "gpuload_nvml_up",
+        "gpuload_last_collection_timestamp_seconds",
+        "gpuload_gpu_stale",
+    }
+)
 
 Vector = dict[Labels, float]
 T = TypeVar("T")
@@ -532,10 +561,13 @@ class Evaluator:
         instance: str,
         job: str = "gpuload",
         history: History | None = None,
+        also_keep: Iterable[str] = (),
     ) -> None:
         self.thresholds = thresholds
         self.target_labels = (("instance", instance), ("job", job))
-        self.history = history or History(history_horizon(thresholds))
+        # The history keeps what the rules read, and what its other readers declare.
+        keep = FAMILIES | frozenset(also_keep)
+        self.history = history or History(history_horizon(thresholds), keep)
         self._window = float(duration_seconds(thresholds.window))
         self._states = [_RuleState(rule) for rule in local_rules(thresholds)]
         self._failing: set[str] = set()
@@ -548,7 +580,7 @@ class Evaluator:
     def _with_target(self, sample: Sample) -> Sample:
         labels = dict(sample.labels)
         labels.update(self.target_labels)
-        return replace(sample, labels=tuple(sorted(labels.items())))
+        return Sample(sample.name, tuple(sorted(labels.items())), sample.value)
 
     def evaluate(self, now: float) -> list[Alert]:
         """Evaluate every rule at ``now``; return the alerts that changed to firing or resolved."""

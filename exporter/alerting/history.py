@@ -5,13 +5,16 @@ window of samples for the ``*_over_time`` families, an hour of the XID and ECC c
 ``increase()``. The doctor and the status page read the last seconds of every series. Each series
 keeps samples for its family's horizon only, at most ``POINTS`` of them: when samples come faster
 than ``horizon / POINTS`` apart the newest replaces the previous one, so memory stays bounded
-whatever the collection interval.
+whatever the collection interval. A history built with ``keep`` holds only those metric names
+(what its readers ask for: most of a node's series, NVLink's per link for one, are never read
+here) and refuses to answer for any other, so that a reader asking for a name it did not declare
+fails at once instead of seeing nothing.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client.core import Metric
@@ -37,9 +40,16 @@ def labels_of(mapping: Mapping[str, str]) -> Labels:
     return tuple(sorted((k, v) for k, v in mapping.items() if v != ""))
 
 
-def snapshot_samples(families: Iterable[Metric]) -> Iterator[Sample]:
-    """The samples of prometheus_client metric families (a snapshot's ``families``)."""
+def snapshot_samples(
+    families: Iterable[Metric], names: Collection[str] | None = None
+) -> Iterator[Sample]:
+    """The samples of prometheus_client metric families (a snapshot's ``families``).
+
+    With ``names``, only the samples of those metric names (a counter's ``_total`` included).
+    """
     for family in families:
+        if names is not None and family.name not in names and f"{family.name}_total" not in names:
+            continue
         for sample in family.samples:
             yield Sample(sample.name, labels_of(sample.labels), float(sample.value))
 
@@ -47,8 +57,12 @@ def snapshot_samples(families: Iterable[Metric]) -> Iterator[Sample]:
 class History:
     """Samples per series, each kept for its family's horizon (seconds)."""
 
-    def __init__(self, horizon: Callable[[str], float]) -> None:
+    def __init__(
+        self, horizon: Callable[[str], float], keep: Collection[str] | None = None
+    ) -> None:
         self._horizon = horizon
+        # The metric names held; None: every name.
+        self.keep = None if keep is None else frozenset(keep)
         self._series: dict[str, dict[Labels, deque[Point]]] = {}
         self._spacing: dict[str, float] = {}
         self.now: float | None = None
@@ -60,6 +74,8 @@ class History:
         if self.started is None:
             self.started = at
         for sample in samples:
+            if self.keep is not None and sample.name not in self.keep:
+                continue
             family = self._series.setdefault(sample.name, {})
             points = family.get(sample.labels)
             if points is None:
@@ -85,6 +101,7 @@ class History:
 
     def latest(self, name: str) -> dict[Labels, float]:
         """The series of ``name`` present in the latest collection, with their values."""
+        self._check(name)
         return {
             labels: points[-1][1]
             for labels, points in self._series.get(name, {}).items()
@@ -93,6 +110,7 @@ class History:
 
     def points(self, name: str, start: float, end: float) -> dict[Labels, list[Point]]:
         """Every series of ``name`` with its samples in [start, end] (as Prometheus selects)."""
+        self._check(name)
         found = {}
         for labels, points in self._series.get(name, {}).items():
             inside = [p for p in points if start <= p[0] <= end]
@@ -103,3 +121,7 @@ class History:
     def names(self) -> set[str]:
         """The metric names held."""
         return set(self._series)
+
+    def _check(self, name: str) -> None:
+        if self.keep is not None and name not in self.keep:
+            raise KeyError(f"this history does not keep {name}: add it to its reader's FAMILIES")

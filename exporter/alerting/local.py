@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from exporter.alerting.evaluator import Alert, Evaluator
 from exporter.alerting.history import History, snapshot_samples
-from exporter.alerting.notify import Notifier
 from exporter.alerting.thresholds import Thresholds
 from exporter.collection import Snapshot
+
+if TYPE_CHECKING:
+    # Only for its type: delivery (the relay's targets, jinja2, requests) is imported by the
+    # daemon where alerting.delivery has targets, not by every exporter.
+    from exporter.alerting.notify import Notifier
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +41,9 @@ class LocalAlerting:
         instance: str,
         job: str = "gpuload",
         notifier: Notifier | None = None,
+        also_keep: Iterable[str] = (),
     ) -> None:
-        self.evaluator = Evaluator(thresholds, instance=instance, job=job)
+        self.evaluator = Evaluator(thresholds, instance=instance, job=job, also_keep=also_keep)
         self.notifier = notifier
 
     @property
@@ -46,7 +53,8 @@ class LocalAlerting:
 
     def observe(self, snapshot: Snapshot) -> list[Alert]:
         """Evaluate on a new snapshot; queue notifications for what fired or resolved."""
-        changed = self.evaluator.observe(snapshot_samples(snapshot.families), snapshot.completed_at)
+        samples = snapshot_samples(snapshot.families, self.history.keep)
+        changed = self.evaluator.observe(samples, snapshot.completed_at)
         for alert in changed:
             log.info(
                 "local alert %s %s: %s",

@@ -49,7 +49,9 @@ class Reader:
     other series go on, but is recorded for the error counters and the log.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, slow_due: bool = True) -> None:
+        # Whether values that change rarely are to be read again this time (see `SlowReads`).
+        self.slow_due = slow_due
         self.errors: list[NvmlError] = []
         self.invalid: list[str] = []
         # Why the last read gave None: an error, or None when the value is simply absent.
@@ -76,6 +78,28 @@ class Reader:
             self.invalid.append(f"{what or getattr(read, '__name__', 'value')}={value!r}")
             return None
         return value
+
+
+class SlowReads:
+    """Samples of values that change rarely (limits, maxima, error counters), kept between reads.
+
+    Each NVML call costs driver time on every GPU every cycle, and most of a GPU's calls
+    read values that change a few times a day. The framework sets `Reader.slow_due` once per
+    slow interval; in between, the last samples are served again. A read that failed is
+    not kept, so it is retried on the next cycle rather than hidden for a slow interval.
+    """
+
+    def __init__(self) -> None:
+        self._samples: tuple[Sample, ...] | None = None
+
+    def __call__(self, read: Reader, produce: Callable[[], Iterable[Sample]]) -> tuple[Sample, ...]:
+        """Run `produce` when due (or never run yet), else return its last samples."""
+        if self._samples is not None and not read.slow_due:
+            return self._samples
+        errors = len(read.errors)
+        samples = tuple(produce())
+        self._samples = samples if len(read.errors) == errors else None
+        return samples
 
 
 class DeviceCollector(Protocol):

@@ -14,7 +14,7 @@ from functools import partial
 
 import pynvml
 
-from exporter.collectors.base import Family, Reader, Sample, register
+from exporter.collectors.base import Family, Reader, Sample, SlowReads, register
 from exporter.nvml import Device
 from exporter.nvml.device import CLOCK_TYPES
 
@@ -67,16 +67,23 @@ def _plausible_mhz(mhz: int) -> bool:
 class ClocksCollector:
     """Current and maximum clocks per domain, and the active clock event reasons."""
 
+    def __init__(self) -> None:
+        self._maxima = SlowReads()
+
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Yield clocks in hertz and one 0/1 series per clock event reason."""
         for clock in CLOCK_TYPES:
             current = read(partial(device.clock_mhz, clock), valid=_plausible_mhz, what=clock)
             if current is not None:
                 yield Sample("gpu_clock_hertz", current * _MHZ, (clock,))
-            peak = read(partial(device.max_clock_mhz, clock), valid=_plausible_mhz, what=clock)
-            if peak is not None:
-                yield Sample("gpu_clock_max_hertz", peak * _MHZ, (clock,))
+        yield from self._maxima(read, partial(self._maximum_clocks, device, read))
         mask = read(device.clock_event_reasons)
         if mask is not None:
             for reason, bit in REASONS.items():
                 yield Sample("gpu_clock_event_active", 1 if mask & bit else 0, (reason,))
+
+    def _maximum_clocks(self, device: Device, read: Reader) -> Iterator[Sample]:
+        for clock in CLOCK_TYPES:
+            peak = read(partial(device.max_clock_mhz, clock), valid=_plausible_mhz, what=clock)
+            if peak is not None:
+                yield Sample("gpu_clock_max_hertz", peak * _MHZ, (clock,))

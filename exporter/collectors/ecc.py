@@ -14,7 +14,7 @@ from functools import partial
 
 import pynvml
 
-from exporter.collectors.base import Family, Reader, Sample, register
+from exporter.collectors.base import Family, Reader, Sample, SlowReads, register
 from exporter.nvml import Device
 
 FAMILIES = (
@@ -44,8 +44,14 @@ _COUNTERS = {"volatile": pynvml.NVML_VOLATILE_ECC, "aggregate": pynvml.NVML_AGGR
 class EccCollector:
     """ECC mode and corrected/uncorrected error counts."""
 
+    def __init__(self) -> None:
+        self._counts = SlowReads()
+
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
-        """Yield ECC mode and, where ECC is on, the error counters."""
+        """Yield ECC mode and, where ECC is on, the error counters (once per slow interval)."""
+        return iter(self._counts(read, partial(self._read, device, read)))
+
+    def _read(self, device: Device, read: Reader) -> Iterator[Sample]:
         enabled = read(device.ecc_mode_enabled)
         if enabled is None:
             return

@@ -23,7 +23,7 @@ from functools import partial
 
 import pynvml
 
-from exporter.collectors.base import Family, Reader, Sample, register
+from exporter.collectors.base import Family, Reader, Sample, SlowReads, register
 from exporter.nvml import Device, NvmlError
 
 FAMILIES = (
@@ -109,6 +109,8 @@ class NvlinkCollector:
 
     def __init__(self) -> None:
         self._links: list[int] | None = None
+        # Link state and error counters change rarely: read once per slow interval.
+        self._health = SlowReads()
 
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Yield each link's state, bytes and errors."""
@@ -116,21 +118,29 @@ class NvlinkCollector:
             self._links = _links_of(device)
         if not self._links:
             return
+        traffic = [(family, field) for family, field, _ in _THROUGHPUT]
+        yield from self._fields(device, read, traffic)
+        yield from self._health(read, partial(self._link_health, device, read))
+
+    def _link_health(self, device: Device, read: Reader) -> Iterator[Sample]:
+        assert self._links is not None
         for link in self._links:
             active = read(partial(device.nvlink_active, link))
             if active is not None:
                 yield Sample("gpu_nvlink_link_up", 1 if active else 0, (str(link),))
-        yield from self._fields(device, read)
+        errors = [(family, field) for family, field, _ in _ERROR_FIELDS]
+        yield from self._fields(device, read, errors)
         for link in self._links:
             for counter, kind in _CRC_COUNTERS:
                 count = read(partial(device.nvlink_error_count, link, counter))
                 if count is not None:
                     yield Sample("gpu_nvlink_crc_errors_total", count, (str(link), kind))
 
-    def _fields(self, device: Device, read: Reader) -> Iterator[Sample]:
-        """Traffic and replay/recovery errors of every link in one field-values call."""
+    def _fields(
+        self, device: Device, read: Reader, per_link: list[tuple[str, int]]
+    ) -> Iterator[Sample]:
+        """Field values of every link in one call: traffic, or replay/recovery errors."""
         assert self._links is not None
-        per_link = [(family, field) for family, field, _ in (*_THROUGHPUT, *_ERROR_FIELDS)]
         wanted = [(family, field, link) for family, field in per_link for link in self._links]
         fields = [(field, link) for _, field, link in wanted]
         values = read(partial(device.field_values, fields)) or [None] * len(fields)

@@ -17,12 +17,12 @@ Families:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from functools import partial
 
 import pynvml
 
-from exporter.collectors.base import Family, Reader, Sample, register
+from exporter.collectors.base import Family, Reader, Sample, SlowReads, register
 from exporter.nvml import Device
 
 FAMILIES = (
@@ -79,6 +79,15 @@ _GENERATIONS = range(1, 8)
 _WIDTHS = (1, 2, 4, 8, 12, 16, 32)
 
 
+def _link_readings(
+    read: Reader, readings: tuple[tuple[str, Callable[[], int], Collection[int]], ...]
+) -> Iterator[Sample]:
+    for family, call, allowed in readings:
+        value = read(call, valid=allowed.__contains__, what=family)
+        if value is not None:
+            yield Sample(family, value)
+
+
 @register("pcie", FAMILIES)
 class PcieCollector:
     """PCIe link generation and width, current and maximum, replay errors and traffic."""
@@ -89,19 +98,21 @@ class PcieCollector:
         self._source: str | None = None
         self._integrated = {"tx": 0.0, "rx": 0.0}
         self._last_read: float | None = None
+        self._maxima = SlowReads()
 
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Yield the link state and the replay counter."""
-        readings = (
+        # The current link trains down when idle and must be seen at once; its maxima do not.
+        current = (
             ("gpu_pcie_link_generation", device.pcie_link_generation, _GENERATIONS),
-            ("gpu_pcie_link_max_generation", device.pcie_link_max_generation, _GENERATIONS),
             ("gpu_pcie_link_width", device.pcie_link_width, _WIDTHS),
+        )
+        yield from _link_readings(read, current)
+        maxima = (
+            ("gpu_pcie_link_max_generation", device.pcie_link_max_generation, _GENERATIONS),
             ("gpu_pcie_link_max_width", device.pcie_link_max_width, _WIDTHS),
         )
-        for family, call, allowed in readings:
-            value = read(call, valid=allowed.__contains__, what=family)
-            if value is not None:
-                yield Sample(family, value)
+        yield from self._maxima(read, partial(_link_readings, read, maxima))
         replays = read(device.pcie_replay_count, valid=lambda n: n >= 0)
         if replays is not None:
             yield Sample("gpu_pcie_replay_errors_total", replays)

@@ -9,8 +9,9 @@ Families:
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 
-from exporter.collectors.base import Family, Reader, Sample, register
+from exporter.collectors.base import Family, Reader, Sample, SlowReads, register
 from exporter.nvml import Device
 
 FAMILIES = (
@@ -44,14 +45,21 @@ def _plausible_power(milliwatts: int) -> bool:
 class PowerCollector:
     """Board power draw, enforced power limit and energy consumed."""
 
+    def __init__(self) -> None:
+        # An administrator may change the limit (nvidia-smi -pl): read once per slow interval.
+        self._limit = SlowReads()
+
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Yield power in watts and energy in joules."""
         usage = read(device.power_usage_milliwatts, valid=_plausible_power, what="power.draw")
         if usage is not None:
             yield Sample("gpu_power_usage_watts", usage / 1000.0)
-        limit = read(device.power_limit_milliwatts, valid=_plausible_power, what="power.limit")
-        if limit is not None:
-            yield Sample("gpu_power_limit_watts", limit / 1000.0)
+        yield from self._limit(read, partial(self._read_limit, device, read))
         energy = read(device.energy_millijoules, valid=lambda mj: mj >= 0)
         if energy is not None:
             yield Sample("gpu_energy_consumption_joules_total", energy / 1000.0)
+
+    def _read_limit(self, device: Device, read: Reader) -> Iterator[Sample]:
+        limit = read(device.power_limit_milliwatts, valid=_plausible_power, what="power.limit")
+        if limit is not None:
+            yield Sample("gpu_power_limit_watts", limit / 1000.0)

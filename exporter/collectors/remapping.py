@@ -16,7 +16,7 @@ from functools import partial
 
 import pynvml
 
-from exporter.collectors.base import Family, Reader, Sample, register
+from exporter.collectors.base import Family, Reader, Sample, SlowReads, register
 from exporter.nvml import Device
 
 FAMILIES = (
@@ -61,8 +61,14 @@ _CAUSES = {
 class RemappingCollector:
     """Row remapping state, or retired pages on GPUs without row remapping."""
 
+    def __init__(self) -> None:
+        self._state = SlowReads()
+
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
-        """Yield the memory repair state this GPU reports."""
+        """Yield the memory repair state this GPU reports (read once per slow interval)."""
+        return iter(self._state(read, partial(self._read, device, read)))
+
+    def _read(self, device: Device, read: Reader) -> Iterator[Sample]:
         rows = read(device.remapped_rows)
         if rows is not None:
             yield Sample("gpu_remapped_rows", rows.correctable, ("correctable",))

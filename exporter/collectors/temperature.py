@@ -14,7 +14,7 @@ from functools import partial
 
 import pynvml
 
-from exporter.collectors.base import Family, Reader, Sample, register
+from exporter.collectors.base import Family, Reader, Sample, SlowReads, register
 from exporter.nvml import Device
 
 FAMILIES = (
@@ -54,6 +54,9 @@ def _plausible(celsius: int) -> bool:
 class TemperatureCollector:
     """GPU and memory temperatures, slowdown and shutdown thresholds."""
 
+    def __init__(self) -> None:
+        self._thresholds = SlowReads()
+
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Yield temperatures in degrees Celsius."""
         core = read(device.temperature_celsius, valid=_plausible, what="temperature.gpu")
@@ -62,6 +65,9 @@ class TemperatureCollector:
         memory = read(device.memory_temperature_celsius, valid=_plausible, what="temp.memory")
         if memory is not None:
             yield Sample("gpu_temperature_celsius", memory, ("memory",))
+        yield from self._thresholds(read, partial(self._read_thresholds, device, read))
+
+    def _read_thresholds(self, device: Device, read: Reader) -> Iterator[Sample]:
         for family, kind in _THRESHOLDS:
             value = read(
                 partial(device.temperature_threshold_celsius, kind),

@@ -10,8 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import requests
-
 from exporter.alerting.history import History, labels_of, snapshot_samples
 from exporter.collection import Collection
 from exporter.collectors import REGISTRY
@@ -67,7 +65,8 @@ def window_of(history: History, duration: float) -> Window:
     end = history.now or time.time()
     start = end - duration
     series = {name: history.points(name, start, end) for name in history.names()}
-    return Window({name: found for name, found in series.items() if found}, start, end)
+    found = {name: points for name, points in series.items() if points}
+    return Window(found, start, end, history.keep)
 
 
 def sample_prometheus(url: str, instance: str, duration: float, timeout: float = 10.0) -> Window:
@@ -76,6 +75,9 @@ def sample_prometheus(url: str, instance: str, duration: float, timeout: float =
     Raises:
         SamplingError: Prometheus cannot be reached, refuses the query or has no such instance.
     """
+    # Imported here: `gpuload serve` imports this module for its status page, never queries.
+    import requests
+
     seconds = max(1, round(duration))
     query = f'{{__name__=~"gpu_.*|gpuload_.*",instance="{instance}"}}[{seconds}s]'
     end = time.time()

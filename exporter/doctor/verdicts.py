@@ -43,6 +43,41 @@ PCIE_BUSY_RATIO = 0.70
 # Bytes per second per lane, after encoding, by PCIe generation.
 PCIE_LANE_BYTES = {1: 250e6, 2: 500e6, 3: 984.6e6, 4: 1969e6, 5: 3938e6, 6: 7563e6}
 
+_PIPES = ("tensor", "fp16", "fp32", "fp64")
+# Every metric name the verdicts read (a window that knows its names refuses any other).
+FAMILIES = frozenset(
+    {
+        "gpu_up",
+        "gpu_info",
+        "gpu_processes",
+        "gpu_utilization_ratio",
+        "gpu_memory_utilization_ratio",
+        "gpu_memory_used_bytes",
+        "gpu_memory_total_bytes",
+        "gpu_clock_event_active",
+        "gpu_clock_hertz",
+        "gpu_clock_max_hertz",
+        "gpu_sm_active_ratio",
+        "gpu_dram_active_ratio",
+        *(f"gpu_{pipe}_active_ratio" for pipe in _PIPES),
+        "gpu_temperature_celsius",
+        "gpu_temperature_slowdown_threshold_celsius",
+        "gpu_power_usage_watts",
+        "gpu_power_limit_watts",
+        "gpu_pcie_link_generation",
+        "gpu_pcie_link_max_generation",
+        "gpu_pcie_link_width",
+        "gpu_pcie_link_max_width",
+        "gpu_pcie_receive_bytes_total",
+        "gpu_pcie_transmit_bytes_total",
+        "gpu_xid_errors_total",
+        "gpu_ecc_errors_total",
+        "gpu_row_remap_pending",
+        "gpu_row_remap_failed",
+        "gpu_retired_pages_pending",
+    }
+)
+
 HEALTHY = ("compute-bound", "busy", "idle")
 ORDER = (
     "hardware-fault",
@@ -65,9 +100,12 @@ class Window:
     series: dict[str, dict[Labels, list[Point]]]
     start: float
     end: float
+    # The names the window was gathered for; None: everything there was.
+    names: frozenset[str] | None = None
 
     def of(self, name: str, gpu: str, **matchers: str) -> list[Point]:
         """The samples of one GPU's series (the first that matches)."""
+        self._check(name)
         for labels, points in self.series.get(name, {}).items():
             found = dict(labels)
             if found.get("gpu") != gpu or "mig_instance" in found:
@@ -78,11 +116,16 @@ class Window:
 
     def each(self, name: str, gpu: str) -> dict[Labels, list[Point]]:
         """Every series of ``name`` for one GPU."""
+        self._check(name)
         return {
             labels: points
             for labels, points in self.series.get(name, {}).items()
             if dict(labels).get("gpu") == gpu
         }
+
+    def _check(self, name: str) -> None:
+        if self.names is not None and name not in self.names:
+            raise KeyError(f"this window was not gathered with {name}: add it to FAMILIES")
 
     def gpus(self) -> dict[str, dict[str, str]]:
         """GPU index -> its identity labels (from gpu_info, else gpu_up)."""
@@ -175,10 +218,7 @@ def figures(window: Window, gpu: str) -> dict[str, float | None]:
         dict(labels)["reason"]: _mean(points)
         for labels, points in window.each("gpu_clock_event_active", gpu).items()
     }
-    pipes = [
-        _mean(window.of(f"gpu_{pipe}_active_ratio", gpu))
-        for pipe in ("tensor", "fp16", "fp32", "fp64")
-    ]
+    pipes = [_mean(window.of(f"gpu_{pipe}_active_ratio", gpu)) for pipe in _PIPES]
     known_pipes = [p for p in pipes if p is not None]
     sm_clock = _mean(window.of("gpu_clock_hertz", gpu, clock="sm"))
     sm_max = _last(window.of("gpu_clock_max_hertz", gpu, clock="sm"))

@@ -39,6 +39,7 @@ def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
     from exporter.alerting import thresholds
     from exporter.alerting.local import instance_label
     from exporter.alerting.notify import Notifier
+    from exporter.doctor import verdicts
 
     settings = config.alerting
     path = settings.thresholds_file or thresholds.DEFAULT_PATH
@@ -58,6 +59,8 @@ def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
         instance=settings.instance or instance_label(config.web.listen_address, port),
         job=settings.job,
         notifier=notifier,
+        # The status page's verdicts read the same history.
+        also_keep=verdicts.FAMILIES,
     )
 
 
@@ -87,6 +90,7 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         config.collectors,
         timeout=config.effective_collect_timeout,
         options=config.collector_options,
+        slow_interval=config.collect_slow_interval,
     )
     app = Application(lambda: collection.snapshot, config.web.telemetry_path)
     try:

@@ -120,6 +120,7 @@ class SimulatedGpu:
         self._driver_uptime = driver_uptime
         self._reloads = reloads
         self._faults = tuple(f for f in faults if f.gpu == spec.index)
+        self._link_faults = tuple(f for f in self._faults if f.kind == "nvlink_down")
         self.mig = tuple(MigDevice(self, instance) for instance in spec.mig)
 
     def lacks(self, feature: str) -> bool:
@@ -206,12 +207,12 @@ class SimulatedGpu:
         """Whether NVLink ``link`` is active at ``t`` (not listed down, no nvlink_down fault)."""
         if link in self.spec.nvlink_down:
             return False
-        return not any(
-            f.kind == "nvlink_down" and f.link == link and f.active(t) for f in self._faults
-        )
+        return not any(f.link == link and f.active(t) for f in self._link_faults)
 
     def links_up(self, t: float) -> int:
         """How many of the GPU's NVLinks are active at ``t``."""
+        if not self.spec.nvlink_down and not self._link_faults:
+            return self.model.nvlink_links  # the common case, asked for every link
         return sum(self.link_up(link, t) for link in range(self.model.nvlink_links))
 
     def link_bytes(self, metric: str, link: int, t: float) -> float:
@@ -226,9 +227,8 @@ class SimulatedGpu:
         if loaded is None and self.link_up(link, 0.0) and self.links_up(0.0):
             total = self.clean(metric, 0.0) * self._driver_uptime / self.links_up(0.0)
         edges = {start, t}
-        for fault in self._faults:
-            if fault.kind == "nvlink_down":
-                edges |= {e for e in (fault.at, fault.until) if start < e < t}
+        for fault in self._link_faults:
+            edges |= {e for e in (fault.at, fault.until) if start < e < t}
         ordered = sorted(edges)
         for a, b in itertools.pairwise(ordered):
             middle = (a + b) / 2

@@ -1,0 +1,72 @@
+"""The local history keeps only what its readers declare; they see what they would with all."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import Clock
+
+from exporter import sim
+from exporter.alerting import thresholds
+from exporter.alerting.evaluator import Evaluator, history_horizon
+from exporter.alerting.history import History, Sample, snapshot_samples
+from exporter.collection import Collection
+from exporter.collectors import REGISTRY
+from exporter.doctor import verdicts
+from exporter.doctor.sampling import window_of
+
+ALL_ON = {name: True for name in REGISTRY}
+
+
+def test_a_history_with_declared_names_refuses_any_other() -> None:
+    history = History(lambda _name: 60.0, keep={"gpu_up"})
+    history.add([Sample("gpu_up", (("gpu", "0"),), 1.0), Sample("gpu_x", (), 2.0)], at=10.0)
+    assert history.names() == {"gpu_up"}
+    assert history.latest("gpu_up") == {(("gpu", "0"),): 1.0}
+    with pytest.raises(KeyError, match="gpu_x"):
+        history.latest("gpu_x")
+    window = window_of(history, 30)
+    with pytest.raises(KeyError, match="gpu_x"):
+        window.of("gpu_x", "0")
+
+
+@pytest.mark.parametrize(
+    ("scenario", "times"),
+    [
+        ("data-starved", range(0, 400, 10)),
+        ("thermal-throttle", range(0, 400, 10)),
+        ("memory-bound", range(0, 400, 10)),
+        ("ecc-remap", range(0, 400, 10)),
+        ("faulty", range(0, 400, 10)),
+    ],
+)
+def test_alerts_and_verdicts_are_the_same_as_with_every_family(scenario: str, times: range) -> None:
+    rules = thresholds.load()
+    kept = Evaluator(rules, instance="n1:19400", also_keep=verdicts.FAMILIES)
+    everything = Evaluator(rules, instance="n1:19400", history=History(history_horizon(rules)))
+    assert kept.history.keep is not None and everything.history.keep is None
+    clock = Clock(float(times[0]))
+    sim.install(scenario, clock=clock, epoch=0)
+    collection = Collection(ALL_ON, timeout=5)
+    fired: list[list[tuple[str, str]]] = []
+    try:
+        for t in times:
+            clock.now = float(t)
+            snapshot = collection.run_cycle()
+            at = float(t)
+            changes = [
+                evaluator.observe(snapshot_samples(snapshot.families, evaluator.history.keep), at)
+                for evaluator in (kept, everything)
+            ]
+            assert changes[0] == changes[1], f"t={t}"
+            fired.append([(alert.name, alert.state) for alert in changes[0]])
+            assert kept.alerts() == everything.alerts(), f"t={t}"
+            found = [
+                verdicts.diagnose(window_of(evaluator.history, 30), rules)
+                for evaluator in (kept, everything)
+            ]
+            assert found[0] == found[1], f"t={t}"
+    finally:
+        collection.close()
+        sim.uninstall()
+    # The comparison means something only where something happened.
+    assert any(fired), f"{scenario}: no alert fired or resolved in {times}"

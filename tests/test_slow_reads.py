@@ -1,0 +1,137 @@
+"""Values that change rarely are read once per slow interval and served in between."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+from helpers import Clock, parse_metrics, series, value_of
+from prometheus_client import generate_latest
+
+from exporter import sim
+from exporter.collection import Collection, Snapshot
+from exporter.collectors import REGISTRY
+from exporter.server.http import build_registry
+from exporter.sim.library import SimulatedNvml
+
+ALL_ON = {name: True for name in REGISTRY}
+
+SCENARIO = """
+name: slow-reads
+driver: {version: "550.90.07", cuda_version: 12040}
+loop: false
+gpus:
+  - model: h100-sxm
+    nvlink_errors_per_hour: {replay: 3600, recovery: 0, crc_flit: 7200, crc_data: 0}
+phases:
+  - duration: 1h
+    utilization: 0.5
+    power: 300W
+"""
+
+# The C functions behind the slow reads: limits, maxima, error counters, remapping, versions.
+SLOW_CALLS = {
+    "nvmlDeviceGetNvLinkState",
+    "nvmlDeviceGetNvLinkErrorCounter",
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetEccMode",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetMaxClockInfo",
+    "nvmlDeviceGetMaxPcieLinkGeneration",
+    "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetTemperatureThreshold",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlSystemGetDriverVersion",
+}
+FAST_CALLS = {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperatureV", "nvmlDeviceGetClockInfo"}
+
+
+def _value(samples: dict, name: str, **labels: str) -> float | None:
+    """GPU 0's value of ``name`` (its uuid added to ``labels``)."""
+    (uuid,) = [dict(key)["uuid"] for key in series(samples, "gpu_up")]
+    return value_of(samples, name, gpu="0", uuid=uuid, **labels)
+
+
+def _scrape(snapshot: Snapshot) -> dict:
+    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+
+
+def _cycles(
+    tmp_path: Path, slow_interval: float, faults: str = ""
+) -> tuple[Clock, SimulatedNvml, Collection]:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(textwrap.dedent(SCENARIO) + textwrap.dedent(faults))
+    clock = Clock(5)
+    library = sim.install(path, clock=clock, epoch=0)
+    return clock, library, Collection(ALL_ON, timeout=5, slow_interval=slow_interval)
+
+
+def _calls_per_cycle(library: SimulatedNvml, collection: Collection) -> Counter[str]:
+    before = Counter(library.calls)
+    collection.run_cycle()
+    return Counter(library.calls) - before
+
+
+def test_slow_values_are_read_once_and_served_again_until_the_interval_passes(
+    tmp_path: Path,
+) -> None:
+    clock, library, collection = _cycles(tmp_path, slow_interval=3600)
+    try:
+        first = _calls_per_cycle(library, collection)
+        assert set(first) >= SLOW_CALLS
+        at_start = _scrape(collection.snapshot)
+        clock.now += 60  # an hour's worth of errors per minute: the counters moved
+        later = _calls_per_cycle(library, collection)
+        assert not SLOW_CALLS & set(later), later
+        assert set(later) >= FAST_CALLS
+        served = _scrape(collection.snapshot)
+    finally:
+        collection.close()
+        sim.uninstall()
+    # Every series is still there (GPM adds its own from the second cycle), the slow ones with
+    # the values read first.
+    assert set(at_start) <= set(served)
+    crc = {"link": "0", "type": "flit"}
+    assert _value(served, "gpu_nvlink_crc_errors_total", **crc) == _value(
+        at_start, "gpu_nvlink_crc_errors_total", **crc
+    )
+    assert _value(served, "gpu_power_limit_watts") == 700
+
+
+def test_slow_values_are_read_again_once_the_interval_has_passed(tmp_path: Path) -> None:
+    clock, library, collection = _cycles(tmp_path, slow_interval=0.05)
+    try:
+        collection.run_cycle()
+        before = _value(_scrape(collection.snapshot), "gpu_nvlink_replay_errors_total", link="0")
+        clock.now += 60
+        time.sleep(0.1)
+        calls = _calls_per_cycle(library, collection)
+        after = _value(_scrape(collection.snapshot), "gpu_nvlink_replay_errors_total", link="0")
+    finally:
+        collection.close()
+        sim.uninstall()
+    assert set(calls) >= SLOW_CALLS
+    assert before is not None and after is not None and after > before
+
+
+def test_a_failed_slow_read_is_retried_on_the_next_cycle(tmp_path: Path) -> None:
+    clock, _library, collection = _cycles(
+        tmp_path,
+        slow_interval=3600,
+        faults="""
+        faults:
+          - {kind: error, gpu: 0, call: nvmlDeviceGetEnforcedPowerLimit, error: UNKNOWN,
+             at: 0, until: 10}
+        """,
+    )
+    try:
+        failed = _scrape(collection.run_cycle())
+        clock.now = 20
+        retried = _scrape(collection.run_cycle())
+    finally:
+        collection.close()
+        sim.uninstall()
+    assert _value(failed, "gpu_power_limit_watts") is None
+    assert _value(retried, "gpu_power_limit_watts") == 700
