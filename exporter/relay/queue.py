@@ -7,17 +7,23 @@ error until it is retried, dropped or older than the retention). The unique
 into the row already there. ``synchronous=FULL`` makes every commit reach the
 disk before the relay answers 200: a power cut after the answer loses nothing.
 
+Enqueues are group-committed: those that arrive while a commit is in progress
+wait, and the first of them then commits all of them in one transaction (one
+fsync). Each returns only after the transaction holding its rows committed; if
+that transaction fails, every enqueue in it raises and none of its rows is kept.
+
 Every thread uses its own connection; the ``gpuload relay queue`` command opens
 the same file while the relay runs, and SQLite serialises the writers.
 """
 
 from __future__ import annotations
 
+import copy
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 QUEUED, DELIVERED, DEAD = "queued", "delivered", "dead"
@@ -86,6 +92,26 @@ _COLUMNS = (
 )
 
 
+@dataclass(frozen=True)
+class _Enqueue:
+    """One caller's rows, waiting for a group commit."""
+
+    rows: Sequence[tuple[str, str, str]]
+    now: float
+    max_age: float
+
+
+@dataclass
+class _Batch:
+    """The enqueues that one transaction commits, and how it went."""
+
+    turn: threading.Condition
+    enqueues: list[_Enqueue] = field(default_factory=list)
+    done: bool = False
+    results: list[list[tuple[str, bool]]] | None = None
+    error: sqlite3.Error | None = None
+
+
 class Queue:
     """The queue file, shared by the HTTP handlers, the workers and the CLI."""
 
@@ -100,6 +126,14 @@ class Queue:
         # Writers in this process take turns here rather than in SQLite's busy handler, which
         # sleeps in growing steps (up to 100 ms) while another connection holds the lock.
         self._writing = threading.Lock()
+        # The group commit: enqueues join `_batch` under `_turn`; while `_committing`, one
+        # thread commits an earlier batch and the others wait on their batch's condition, so
+        # that a commit wakes only its own waiters and one of the next batch to commit it.
+        self._turn = threading.Lock()
+        self._batch = _Batch(threading.Condition(self._turn))
+        self._committing = False
+        # Write transactions this object committed: shows how many enqueues share a commit.
+        self.commits = 0
         with self._borrowed() as db:
             db.executescript(_SCHEMA)
 
@@ -136,10 +170,19 @@ class Queue:
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
+                db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                # A failed COMMIT may leave the transaction open; the pooled connection must not.
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
                 raise
-            db.execute("COMMIT")
+            self.commits += 1
+
+    @property
+    def waiting(self) -> int:
+        """How many enqueues wait for the next group commit."""
+        with self._turn:
+            return len(self._batch.enqueues)
 
     def close(self) -> None:
         """Close every connection."""
@@ -156,18 +199,54 @@ class Queue:
     def enqueue(
         self, rows: Sequence[tuple[str, str, str]], now: float, max_age: float
     ) -> list[tuple[str, bool]]:
-        """Commit (target, dedup_key, body) rows in one transaction.
+        """Commit (target, dedup_key, body) rows, with other threads' rows, in one transaction.
 
-        Returns (target, queued) pairs: False where the row was a duplicate.
+        Returns (target, queued) pairs once committed: False where the row was a duplicate.
+        Raises sqlite3.Error if the transaction failed; then none of the rows is kept.
         """
+        with self._turn:
+            batch = self._batch
+            index = len(batch.enqueues)
+            batch.enqueues.append(_Enqueue(rows, now, max_age))
+            while self._committing and not batch.done:
+                batch.turn.wait()
+            leading = not batch.done
+            if leading:
+                # Nobody commits: this thread commits the batch, and later arrivals start the next.
+                self._committing = True
+                self._batch = _Batch(threading.Condition(self._turn))
+        if leading:
+            self._commit(batch)
+        if batch.error is not None:
+            raise copy.copy(batch.error) from batch.error
+        assert batch.results is not None
+        return batch.results[index]
+
+    def _commit(self, batch: _Batch) -> None:
+        """Commit a batch, then tell its waiters how it went."""
+        try:
+            with self._transaction() as db:
+                results = [self._insert(db, enqueue) for enqueue in batch.enqueues]
+            batch.results = results
+        except sqlite3.Error as error:
+            batch.error = error
+        finally:
+            if batch.results is None and batch.error is None:
+                batch.error = sqlite3.OperationalError("the group commit was interrupted")
+            with self._turn:
+                batch.done = True
+                self._committing = False
+                batch.turn.notify_all()
+                self._batch.turn.notify()
+
+    def _insert(self, db: sqlite3.Connection, enqueue: _Enqueue) -> list[tuple[str, bool]]:
+        now, expires_at = enqueue.now, enqueue.now + enqueue.max_age
         results = []
-        with self._transaction() as db:
-            for target, key, body in rows:
-                cursor = db.execute(
-                    _ENQUEUE,
-                    (target, key, body, now, now, now + max_age, now, now - self.dedup_window),
-                )
-                results.append((target, cursor.rowcount > 0))
+        for target, key, body in enqueue.rows:
+            cursor = db.execute(
+                _ENQUEUE, (target, key, body, now, now, expires_at, now, now - self.dedup_window)
+            )
+            results.append((target, cursor.rowcount > 0))
         return results
 
     def due(self, target: str, now: float, limit: int) -> list[Entry]:
