@@ -64,6 +64,8 @@ class CollectorRun:
     name: str
     samples: tuple[Sample, ...]
     gpu: int | None = None
+    # The GPU's identity labels (gpu, uuid), put before every sample's own labels.
+    labels: tuple[str, ...] = ()
     errors: tuple[NvmlError, ...] = ()
     invalid: tuple[str, ...] = ()
     exception: str | None = None
@@ -339,9 +341,7 @@ class Collection:
         for name, collector in gpu.collectors.items():
             gpu.current_collector = name
             run = run_collector(name, partial(collector.collect, device), slow_due=slow_due)
-            # Prefix the GPU's identity labels here, once, for every sample.
-            samples = tuple(Sample(s.family, s.value, labels + s.labels) for s in run.samples)
-            runs.append(dataclasses.replace(run, samples=samples, gpu=gpu.index))
+            runs.append(dataclasses.replace(run, gpu=gpu.index, labels=labels))
         gpu.current_collector = ""
         return runs
 
@@ -562,5 +562,5 @@ def _build_families(specs: list[CollectorSpec], runs: list[CollectorRun]) -> lis
     families = {family.name: _new_family(family) for spec in specs for family in spec.families}
     for run in runs:
         for sample in run.samples:
-            families[sample.family].add_metric(list(sample.labels), sample.value)
+            families[sample.family].add_metric([*run.labels, *sample.labels], sample.value)
     return [family for family in families.values() if family.samples]
