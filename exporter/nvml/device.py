@@ -312,12 +312,14 @@ class Device:
             results = pynvml.nvmlDeviceGetFieldValues(self._handle, fields)
         values: list[int | None] = []
         for field in results:
-            try:
-                with translated():
-                    pynvml._nvmlCheckReturn(field.nvmlReturn)
-            except NotSupported:
-                values.append(None)
-                continue
+            status = field.nvmlReturn
+            if status != pynvml.NVML_SUCCESS:  # the check raises; success, most fields, is free
+                try:
+                    with translated():
+                        pynvml._nvmlCheckReturn(status)
+                except NotSupported:
+                    values.append(None)
+                    continue
             value = _field_number(field)
             values.append(None if value == _sentinel_for(field.valueType) else value)
         return values

@@ -121,6 +121,8 @@ class SimulatedGpu:
         self._reloads = reloads
         self._faults = tuple(f for f in faults if f.gpu == spec.index)
         self._link_faults = tuple(f for f in self._faults if f.kind == "nvlink_down")
+        # The last (metric, time) a link's bytes were computed for, and the bytes.
+        self._link_share: tuple[tuple[str, float], float] | None = None
         self.mig = tuple(MigDevice(self, instance) for instance in spec.mig)
 
     def lacks(self, feature: str) -> bool:
@@ -221,6 +223,16 @@ class SimulatedGpu:
         The GPU's traffic is split evenly across the links that are up, so the integral is
         taken piecewise between the moments a link goes down or comes back.
         """
+        if not self.spec.nvlink_down and not self._link_faults:
+            # Every link up all along (the common case): the same share for each link.
+            key = (metric, t)
+            share = self._link_share
+            if share is None or share[0] != key:
+                share = self._link_share = (key, self._link_bytes(metric, 0, t))
+            return share[1]
+        return self._link_bytes(metric, link, t)
+
+    def _link_bytes(self, metric: str, link: int, t: float) -> float:
         loaded = self.loaded_at(t)
         start = 0.0 if loaded is None else loaded
         total = 0.0
