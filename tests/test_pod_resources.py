@@ -20,7 +20,8 @@ from exporter import nvml, sim
 from exporter.collection import Collection, Snapshot
 from exporter.collectors import Reader
 from exporter.collectors.kubernetes import KubernetesCollector, Target, resolve
-from exporter.kubernetes.podresources import Allocation, PodResourcesClient, PodResourcesError
+from exporter.kubernetes import Allocation, PodResourcesError
+from exporter.kubernetes.podresources import PodResourcesClient
 from exporter.server.http import build_registry
 
 GPU = "nvidia.com/gpu"

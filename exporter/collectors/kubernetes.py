@@ -21,8 +21,8 @@ when an answer names a device not mapped yet.
 The List call is started without waiting and read on a later cycle, so a kubelet that
 hangs delays nothing; its deadline is `timeout`. The last answer is kept through a few
 failed refreshes, so that one slow answer does not reset alerts joined on gpu_pod_info.
-Without the socket (not on Kubernetes, or not mounted) the collector exports nothing
-and says so once in the log.
+Without the socket (not on Kubernetes, or not mounted) the collector exports nothing,
+says so once in the log and does not import grpc.
 """
 
 from __future__ import annotations
@@ -34,17 +34,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 from exporter import nvml
 from exporter.collectors.base import Family, Reader, Sample, register
-from exporter.kubernetes.podresources import (
-    DEFAULT_SOCKET,
-    Allocation,
-    PendingList,
-    PodResourcesClient,
-    PodResourcesError,
-)
+from exporter.kubernetes import DEFAULT_SOCKET, Allocation, PodResourcesError
 from exporter.problems import ProblemLog
+
+if TYPE_CHECKING:
+    from exporter.kubernetes.podresources import PendingList, PodResourcesClient
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +166,9 @@ class KubernetesCollector:
             self._answered_at = None
             return
         if self._client is None:
+            # Imported here: grpc and protobuf cost ~10 MB of memory, wasted without the socket.
+            from exporter.kubernetes.podresources import PodResourcesClient
+
             self._client = PodResourcesClient(self._socket, timeout=self._timeout)
         self._pending = self._client.start_list()
 

@@ -4,4 +4,33 @@
 `podresources_v1_pb2` holds the API's messages, generated from the `.proto` beside it
 (the command to regenerate them is at the top of that file). The collector that turns
 allocations into `gpu_pod_info` is `exporter.collectors.kubernetes`.
+
+The plain types the collector needs before any call (the socket's default path, an
+allocation, a failed call) live here, without gRPC: grpc and protobuf cost ~10 MB of
+resident memory, so they are imported (with `podresources`) only where the socket exists.
 """
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
+class PodResourcesError(Exception):
+    """A call to the kubelet failed; `code` is gRPC's status name (``UNAVAILABLE`` ...)."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(f"{code}: {details}" if details else code)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One device that a device plugin allocated to one container."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str
+    device_id: str

@@ -12,38 +12,16 @@ that does not answer never holds up a collection cycle; gRPC's deadline ends the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import grpc
 
+from exporter.kubernetes import DEFAULT_SOCKET, Allocation, PodResourcesError
 from exporter.kubernetes import podresources_v1_pb2 as api
-
-DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
 # The service's full method names: the kubelet's proto package is `v1`.
 _LIST = "/v1.PodResourcesLister/List"
 # The kubelet's own client allows answers of up to 16 MiB (gRPC's default is 4 MiB);
 # a node with many pods and CPU/memory assignments can exceed the default.
 _MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-
-
-class PodResourcesError(Exception):
-    """A call to the kubelet failed; `code` is gRPC's status name (``UNAVAILABLE`` ...)."""
-
-    def __init__(self, code: str, details: str) -> None:
-        super().__init__(f"{code}: {details}" if details else code)
-        self.code = code
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """One device that a device plugin allocated to one container."""
-
-    namespace: str
-    pod: str
-    container: str
-    resource: str
-    device_id: str
 
 
 class PendingList:

@@ -38,7 +38,6 @@ def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
     # Imported here: the thresholds file is read only by a daemon that evaluates them.
     from exporter.alerting import thresholds
     from exporter.alerting.local import instance_label
-    from exporter.alerting.notify import Notifier
     from exporter.doctor import verdicts
 
     settings = config.alerting
@@ -53,6 +52,9 @@ def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
         return None
     notifier = None
     if settings.delivery is not None:
+        # Imported here: delivery brings the relay's targets, jinja2 and requests (~5 MB).
+        from exporter.alerting.notify import Notifier
+
         notifier = Notifier(settings.delivery, external_url)
     return LocalAlerting(
         thresholds.load(settings.thresholds_file),
