@@ -21,6 +21,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from typing import TypeVar
 
 from exporter.alerting import rules, templates
@@ -205,6 +206,8 @@ class Context:
         self.history = history
         self.now = now
         self.window = window
+        # Several rules read the same window of the same family: selected once per evaluation.
+        self._windows: dict[str, dict[Labels, list[Point]]] = {}
 
     def latest(self, name: str, **matchers: str) -> Vector:
         """An instant selector ``name{label=~"regex"}`` (values anchored like PromQL's)."""
@@ -212,8 +215,13 @@ class Context:
 
     def over_time(self, name: str, pick: Callable[[list[float]], float]) -> Vector:
         """``pick_over_time(name[window])``; the result drops the metric name like PromQL."""
-        found = self.history.points(name, self.now - self.window, self.now)
-        return {labels: pick([v for _t, v in points]) for labels, points in found.items()}
+        found = self._windows.get(name)
+        if found is None:
+            found = self._windows[name] = self.history.points(
+                name, self.now - self.window, self.now
+            )
+        value = itemgetter(1)
+        return {labels: pick(list(map(value, points))) for labels, points in found.items()}
 
     def increase(self, name: str, seconds: float, **matchers: str) -> Vector:
         """``increase(name{...}[seconds])``."""

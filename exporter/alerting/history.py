@@ -113,7 +113,10 @@ class History:
         self._check(name)
         found = {}
         for labels, points in self._series.get(name, {}).items():
-            inside = [p for p in points if start <= p[0] <= end]
+            if points and start <= points[0][0] and points[-1][0] <= end:
+                inside = list(points)  # all of it, the usual case: copied without a loop
+            else:
+                inside = [p for p in points if start <= p[0] <= end]
             if inside:
                 found[labels] = inside
         return found
