@@ -34,9 +34,9 @@ _SERVE_FLAGS = {
     ),
     "--collect.slow-interval": (
         "collect_slow_interval",
-        "how often values that change rarely are read: limits, maxima, ECC/NVLink error "
-        "counters, remapped rows, driver versions (default 10s; at most the interval: every "
-        "cycle)",
+        "how often values that change rarely are read: limits, maxima, ECC/NVLink/PCIe error "
+        "counters, remapped rows, MIG mode, driver versions (default 10s; at most the "
+        "interval: every cycle)",
     ),
     "--log.level": ("log.level", "debug, info, warning or error (default info)"),
     "--log.format": ("log.format", "text or json (default text)"),

@@ -63,12 +63,14 @@ def test_nothing_is_primed_before_a_format_is_asked_for() -> None:
 def test_primed_answer_is_the_new_snapshot_in_the_asked_format() -> None:
     node = _Node()
     node.scrape(OPENMETRICS)
+    node.cycle()
+    node.scrape(OPENMETRICS)  # a second request: every cycle apart
     primed = node.cycle()
     assert [(content_type.split(";")[0], zipped) for content_type, zipped in primed] == [
         ("application/openmetrics-text", True)
     ]
     body = node.scrape(OPENMETRICS)
-    assert b'gpu_test_value{gpu="0"} 1.0' in body
+    assert b'gpu_test_value{gpu="0"} 2.0' in body  # the second cycle's snapshot
     assert body.rstrip().endswith(b"# EOF")
 
 
@@ -81,9 +83,15 @@ def test_format_is_primed_only_shortly_before_its_next_scrape() -> None:
             primed_cycles.append(second)
         if second % 15 == 0:
             node.scrape()
-    # Until the second scrape the interval is unknown: every cycle in 16..30 is primed.
-    assert primed_cycles[: primed_cycles.index(30) + 1] == list(range(16, 31))
-    assert [s for s in primed_cycles if s > 30] == [44, 45, 59, 60]
+    # Until the second scrape the interval is unknown and nothing is primed; then only the
+    # cycles just before each expected scrape.
+    assert primed_cycles == [44, 45, 59, 60]
+
+
+def test_a_single_request_primes_nothing() -> None:
+    node = _Node()
+    node.scrape()
+    assert [node.cycle() for _ in range(70)] == [[]] * 70
 
 
 def test_a_scraper_that_stops_stops_the_priming() -> None:

@@ -44,6 +44,8 @@ SLOW_CALLS = {
     "nvmlDeviceGetTemperatureThreshold",
     "nvmlDeviceGetEnforcedPowerLimit",
     "nvmlSystemGetDriverVersion",
+    "nvmlDeviceGetPcieReplayCounter",
+    "nvmlDeviceGetMigMode",
 }
 FAST_CALLS = {"nvmlDeviceGetPowerUsage", "nvmlDeviceGetTemperatureV", "nvmlDeviceGetClockInfo"}
 

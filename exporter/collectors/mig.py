@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from functools import partial
 
-from exporter.collectors.base import Family, Reader, Sample, register
+from exporter.collectors.base import Family, Reader, Sample, SlowReads, register
 from exporter.collectors.gpm import HELP, gpm_samples
 from exporter.nvml import GPM_METRICS, Device, GpmSampler, MigDevice
 
@@ -53,6 +53,12 @@ FAMILIES = (
 )
 
 
+def _mode(device: Device, read: Reader) -> Iterator[Sample]:
+    enabled = read(device.mig_mode_enabled)
+    if enabled is not None:
+        yield Sample("gpu_mig_mode_enabled", 1 if enabled else 0)
+
+
 @register("mig", FAMILIES)
 class MigCollector:
     """MIG mode, and memory and GPM metrics per MIG instance."""
@@ -60,13 +66,16 @@ class MigCollector:
     def __init__(self) -> None:
         self._gpm: bool | None = None
         self._samplers: dict[int, GpmSampler] = {}
+        # Changing MIG mode takes a GPU reset: the mode is read once per slow interval.
+        self._mode = SlowReads()
 
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Yield MIG mode and, in MIG mode, each instance's memory and GPM metrics."""
-        enabled = read(device.mig_mode_enabled)
-        if enabled is None:
+        mode = self._mode(read, partial(_mode, device, read))
+        if not mode:
             return
-        yield Sample("gpu_mig_mode_enabled", 1 if enabled else 0)
+        yield from mode
+        enabled = mode[0].value == 1
         instances = (read(device.mig_devices) or []) if enabled else []
         for instance in instances:
             labels = (str(instance.gpu_instance), instance.profile)

@@ -79,6 +79,18 @@ _GENERATIONS = range(1, 8)
 _WIDTHS = (1, 2, 4, 8, 12, 16, 32)
 
 
+def _link_health(device: Device, read: Reader) -> Iterator[Sample]:
+    """The link's capability and its replay (error) counter."""
+    maxima = (
+        ("gpu_pcie_link_max_generation", device.pcie_link_max_generation, _GENERATIONS),
+        ("gpu_pcie_link_max_width", device.pcie_link_max_width, _WIDTHS),
+    )
+    yield from _link_readings(read, maxima)
+    replays = read(device.pcie_replay_count, valid=lambda n: n >= 0)
+    if replays is not None:
+        yield Sample("gpu_pcie_replay_errors_total", replays)
+
+
 def _link_readings(
     read: Reader, readings: tuple[tuple[str, Callable[[], int], Collection[int]], ...]
 ) -> Iterator[Sample]:
@@ -98,7 +110,8 @@ class PcieCollector:
         self._source: str | None = None
         self._integrated = {"tx": 0.0, "rx": 0.0}
         self._last_read: float | None = None
-        self._maxima = SlowReads()
+        # The link's capability and its replay counter change rarely: once per slow interval.
+        self._health = SlowReads()
 
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Yield the link state and the replay counter."""
@@ -108,14 +121,7 @@ class PcieCollector:
             ("gpu_pcie_link_width", device.pcie_link_width, _WIDTHS),
         )
         yield from _link_readings(read, current)
-        maxima = (
-            ("gpu_pcie_link_max_generation", device.pcie_link_max_generation, _GENERATIONS),
-            ("gpu_pcie_link_max_width", device.pcie_link_max_width, _WIDTHS),
-        )
-        yield from self._maxima(read, partial(_link_readings, read, maxima))
-        replays = read(device.pcie_replay_count, valid=lambda n: n >= 0)
-        if replays is not None:
-            yield Sample("gpu_pcie_replay_errors_total", replays)
+        yield from self._health(read, partial(_link_health, device, read))
         yield from self._traffic(device, read)
 
     def _traffic(self, device: Device, read: Reader) -> Iterator[Sample]:

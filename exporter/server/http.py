@@ -77,16 +77,15 @@ class _Demand:
         """Whether the next request is expected before the next snapshot replaces this one."""
         elapsed = now - self.last
         if self.gap is None:
-            return elapsed <= _FIRST_GAP_LIMIT
+            # Asked for once (a person's curl, a probe): its next request may never come, so
+            # nothing is encoded for it until a second one shows an interval.
+            return False
         # The snapshot a scrape gets is published less than a cycle before it, and
         # Prometheus scrapes on a fixed schedule: from 1.5 cycles before the expected scrape
         # (half a cycle of slack for jitter) until two scrapes were missed (it has gone).
         return self.gap - 1.5 * cycle <= elapsed <= 2 * self.gap + cycle
 
 
-# Until a format has been asked for twice its interval is unknown: prime it every cycle
-# for at most this long (Prometheus's usual intervals are 15, 30 and 60 s).
-_FIRST_GAP_LIMIT = 60.0
 
 
 class MetricsEndpoint:
