@@ -86,8 +86,6 @@ class _Demand:
         return self.gap - 1.5 * cycle <= elapsed <= 2 * self.gap + cycle
 
 
-
-
 class MetricsEndpoint:
     """/metrics: each snapshot is encoded once per format, not once per scrape.
 
