@@ -293,3 +293,26 @@ def test_routes_send_each_alert_where_it_matches(tmp_path: Path, fakes: list[Fak
         assert '"A' in names(pager.requests[0]) and 'alert": "B' not in names(pager.requests[0])
         assert "· A*" in names(ml.requests[0]) and "· B*" in names(ml.requests[0])
         assert "· C*" in names(ops.requests[0]) and "· A*" not in names(ops.requests[0])
+
+
+def test_deliveries_go_through_the_proxy_from_the_environment(
+    tmp_path: Path, fakes: list[FakeTarget], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker reads the environment once per target origin instead of on every request.
+    proxy = fake(fakes)
+    for name in ("no_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", proxy.url.removesuffix("/hook"))
+    # The test's own requests to the relay (and the fakes) go direct.
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    config = {
+        "targets": {"hook": {"type": "webhook", "url": "http://hooks.example.invalid/hook"}},
+        "route": {"targets": ["hook"]},
+        "delivery": fast_delivery(),
+    }
+    with running_relay(tmp_path, config) as relay:
+        for index in range(2):
+            assert post(relay.url, notification(alert(instance=f"node-{index}"))).status_code == 200
+        wait_until(lambda: len(proxy.requests) == 2, what="two deliveries through the proxy")
+    assert [request.path for request in proxy.requests] == ["/hook", "/hook"]
+    assert {request.headers["Host"] for request in proxy.requests} == {"hooks.example.invalid"}
