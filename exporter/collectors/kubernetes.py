@@ -60,8 +60,8 @@ FAMILIES = (
     Family(
         "gpuload_kubernetes_pod_resources_up",
         "gauge",
-        "1 if the kubelet's PodResources List answered in time at the last refresh, else 0; "
-        "absent without the pod-resources socket.",
+        "1 if the kubelet's PodResources List answered in time at the last refresh, else 0 "
+        "(also once its socket is gone); absent on a node that never had the socket.",
         per_gpu=False,
     ),
 )
