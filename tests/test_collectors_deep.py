@@ -311,3 +311,25 @@ def test_processes_beyond_the_top_are_summed_under_other(tmp_path: Path) -> None
     assert memory["(other)"] == 9 * 2**30
     utilization = series(samples, "gpu_process_sm_utilization_ratio")
     assert sum(utilization.values()) == pytest.approx(0.8, abs=0.05)
+
+
+def test_more_processes_than_the_first_list_call_has_room_for(tmp_path: Path) -> None:
+    # 40 processes: beyond the 32 entries the first nvmlDeviceGetComputeRunningProcesses_v3 and
+    # nvmlDeviceGetProcessUtilization calls make room for, so NVML answers INSUFFICIENT_SIZE.
+    scenario = MANY_PROCESSES.replace("count: 11", "count: 39")
+    with node(write(tmp_path, scenario), options={"processes": {"top": 50}}) as (
+        clock,
+        collection,
+        _,
+    ):
+        collection.run_cycle()
+        clock.now += 2
+        samples = scrape(collection.run_cycle())
+    gpu0 = labels_of(samples, "0")
+    assert value_of(samples, "gpu_processes", **gpu0) == 40
+    memory = series(samples, "gpu_process_memory_used_bytes")
+    assert len(memory) == 40
+    assert sum(memory.values()) == 20 * 2**30 + 39 * 2**30
+    utilization = series(samples, "gpu_process_sm_utilization_ratio")
+    assert len(utilization) == 40
+    assert sum(utilization.values()) == pytest.approx(0.8, abs=0.05)

@@ -10,8 +10,9 @@ for anything else.
 
 from __future__ import annotations
 
+import ctypes
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,8 +119,23 @@ def _mig_profile(name: str) -> str:
     return match.group(1) if match else ""
 
 
-def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
+# Room for this many entries in a list call's first try: one call where pynvml's wrappers make
+# two (the count, then the list). NVML answers INSUFFICIENT_SIZE, with the count, when more exist.
+_LIST_SLOTS = 32
+
+
+def _listed(name: str, entry: type[ctypes.Structure], call: Callable[..., int]) -> list[Any]:
+    """The entries of NVML list function `name`; `call(function, entries, count_ref)` calls it."""
+    function = pynvml._nvmlGetFunctionPointer(name)
+    count = ctypes.c_uint(_LIST_SLOTS)
+    while True:
+        entries = (entry * count.value)()
+        status = call(function, entries, ctypes.byref(count))
+        if status != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+            break
+        count.value = count.value * 2 + 5  # room for those that start meanwhile, as pynvml does
+    pynvml._nvmlCheckReturn(status)
+    return list(entries[: count.value])
 
 
 def _checked(value: int, what: str, sentinel: int = _UINT_UNAVAILABLE) -> int:
@@ -398,14 +414,30 @@ class Device:
     def compute_processes(self) -> list[ProcessMemory]:
         """nvmlDeviceGetComputeRunningProcesses: PIDs (host namespace) and their memory."""
         with translated():
-            processes = pynvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
-        return [ProcessMemory(int(p.pid), _optional_int(p.usedGpuMemory)) for p in processes]
+            processes = _listed(
+                "nvmlDeviceGetComputeRunningProcesses_v3",
+                pynvml.c_nvmlProcessInfo_v3_t,
+                lambda function, entries, count: function(self._handle, count, entries),
+            )
+        return [
+            ProcessMemory(
+                int(p.pid),
+                None if p.usedGpuMemory == _ULONGLONG_UNAVAILABLE else int(p.usedGpuMemory),
+            )
+            for p in processes
+        ]
 
     def process_utilization(self, since_us: int) -> list[ProcessUtilization]:
         """Per-process samples newer than `since_us` (nvmlDeviceGetProcessUtilization)."""
         try:
             with translated():
-                samples = pynvml.nvmlDeviceGetProcessUtilization(self._handle, since_us)
+                samples = _listed(
+                    "nvmlDeviceGetProcessUtilization",
+                    pynvml.c_nvmlProcessUtilizationSample_t,
+                    lambda function, entries, count: function(
+                        self._handle, entries, count, ctypes.c_ulonglong(since_us)
+                    ),
+                )
         except NotSupported as error:
             if error.code == pynvml.NVML_ERROR_NOT_FOUND:
                 return []
