@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import threading
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
@@ -101,3 +102,44 @@ def test_a_scraper_that_stops_stops_the_priming() -> None:
         if second in (10, 20):
             node.scrape("")
     assert node.cycle() == []
+
+
+class _BlockingSamples(list):
+    """A family's samples that hold whoever encodes them until `release` is set."""
+
+    def __init__(self, samples: list, release: threading.Event, reached: threading.Event) -> None:
+        super().__init__(samples)
+        self._release, self._reached = release, reached
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        self._reached.set()
+        assert self._release.wait(30)
+        return super().__iter__()
+
+
+def test_a_scrape_during_priming_gets_the_previous_snapshot_without_waiting() -> None:
+    node = _Node()
+    for _ in range(2):  # two requests a cycle apart: the format is primed from now on
+        node.scrape(OPENMETRICS)
+        node.cycle()
+    release, reached = threading.Event(), threading.Event()
+    slow = _snapshot(99)
+    family = slow.families[0]
+    family.samples = _BlockingSamples(family.samples, release, reached)
+    node.clock.now += 1.0
+    node.snapshot = slow
+    priming = threading.Thread(target=node.endpoint.prime, args=(slow,))
+    priming.start()
+    try:
+        assert reached.wait(30), "the collection thread never started encoding"
+        # The encoding is stuck: the scrape is answered from the previous snapshot.
+        answers: list[bytes] = []
+        scrape = threading.Thread(target=lambda: answers.append(node.scrape(OPENMETRICS)))
+        scrape.start()
+        scrape.join(10)
+        assert not scrape.is_alive(), "the scrape waited for the new snapshot's encoding"
+        assert b'gpu_test_value{gpu="0"} 2.0' in answers[0]
+    finally:
+        release.set()
+        priming.join(30)
+    assert b'gpu_test_value{gpu="0"} 99.0' in node.scrape(OPENMETRICS)
