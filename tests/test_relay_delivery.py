@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import itertools
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,15 @@ from relay_helpers import (
     notification,
     post,
     running_relay,
+    write_config,
 )
 
-from exporter.relay.queue import DEAD, DELIVERED
+from exporter.relay import config as relay_config
+from exporter.relay import targets
+from exporter.relay.delivery import YIELD_SECONDS, Worker
+from exporter.relay.metrics import RelayMetrics
+from exporter.relay.queue import DEAD, DELIVERED, Queue
+from exporter.relay.templates import MessageSettings
 
 
 @pytest.fixture
@@ -316,3 +323,42 @@ def test_deliveries_go_through_the_proxy_from_the_environment(
         wait_until(lambda: len(proxy.requests) == 2, what="two deliveries through the proxy")
     assert [request.path for request in proxy.requests] == ["/hook", "/hook"]
     assert {request.headers["Host"] for request in proxy.requests} == {"hooks.example.invalid"}
+
+
+def test_deliveries_go_on_while_notifications_keep_being_accepted(
+    tmp_path: Path, fakes: list[FakeTarget]
+) -> None:
+    receiver = fake(fakes)
+    document = {
+        "targets": {"hook": {"type": "webhook", "url": receiver.url}},
+        "route": {"targets": ["hook"]},
+        "queue": {"path": str(tmp_path / "relay.db")},
+    }
+    config = relay_config.load(file=write_config(tmp_path, document), environ={})
+    queue = Queue(config.queue.path)
+    bodies = [json.dumps(notification(alert(instance=f"node-{i}"))) for i in range(3)]
+    queue.enqueue([("hook", f"key-{i}", body) for i, body in enumerate(bodies)], time.time(), 600)
+    waits: list[float] = []
+
+    def never_quiet(timeout: float) -> bool:
+        # As if a commit were always in progress: the worker waits its bound each time.
+        waits.append(timeout)
+        time.sleep(timeout)
+        return False
+
+    worker = Worker(
+        targets.build(config.targets["hook"], MessageSettings()),
+        queue,
+        config.delivery,
+        RelayMetrics(queue, ["hook"]),
+        quiet=never_quiet,
+    )
+    worker.start()
+    try:
+        wait_until(lambda: len(receiver.requests) == 3, what="all three deliveries")
+    finally:
+        worker.stop()
+        worker.join(5)
+        queue.close()
+    assert [request.json() for request in receiver.requests] == [json.loads(b) for b in bodies]
+    assert waits[:2] == [YIELD_SECONDS, YIELD_SECONDS]

@@ -36,7 +36,13 @@ class Relay:
         )
         self.metrics = RelayMetrics(self.queue, list(config.targets))
         self.workers = {
-            name: Worker(targets.build(target, settings), self.queue, config.delivery, self.metrics)
+            name: Worker(
+                targets.build(target, settings),
+                self.queue,
+                config.delivery,
+                self.metrics,
+                quiet=self._quiet,
+            )
             for name, target in config.targets.items()
         }
         self.app = RelayApplication(
@@ -57,6 +63,10 @@ class Relay:
     def url(self) -> str:
         """The base URL the relay listens at."""
         return self.server.url
+
+    def _quiet(self, timeout: float) -> bool:
+        """Wait until no notification is being committed, `timeout` seconds at most."""
+        return self.app.drain(timeout)
 
     def _wake(self, target: str) -> None:
         worker = self.workers.get(target)

@@ -1,13 +1,15 @@
 """Delivery workers: one thread per target, so a slow or broken target delays only itself.
 
 A worker sends the target's oldest due notification, waits the target's
-minimum interval, and goes on. Failures are retried with exponential backoff
-and jitter; a 429's Retry-After pauses the whole target. Rows older than
-``queue.max_age`` become dead letters, as do those a target rejects for good
-(a 4xx other than 408/425/429). When at least ``delivery.storm_threshold``
-notifications wait, the target's next message is a digest of up to
-``delivery.digest_max`` of them: one message within the target's limits instead
-of a flood the rate limit would stretch over minutes.
+minimum interval, and goes on. While notifications are being committed it holds
+its next message back (``YIELD_SECONDS`` at most): accepting comes first, as
+Alertmanager waits for the answer and both need the same GIL. Failures are
+retried with exponential backoff and jitter; a 429's Retry-After pauses the
+whole target. Rows older than ``queue.max_age`` become dead letters, as do
+those a target rejects for good (a 4xx other than 408/425/429). When at least
+``delivery.storm_threshold`` notifications wait, the target's next message is a
+digest of up to ``delivery.digest_max`` of them: one message within the
+target's limits instead of a flood the rate limit would stretch over minutes.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ CONNECT_TIMEOUT = 5.0
 # Rows expire after queue.max_age (hours by default): looking once a second is soon enough, and
 # spares a write transaction per message, which the commits of accepted notifications wait for.
 EXPIRE_SECONDS = 1.0
+# Longest a worker holds back its next message while notifications are being committed.
+YIELD_SECONDS = 0.02
 
 
 def backoff(attempts: int, initial: float, ceiling: float) -> float:
@@ -57,12 +61,14 @@ class Worker:
         metrics: RelayMetrics,
         *,
         clock: Callable[[], float] = time.time,
+        quiet: Callable[[float], bool] | None = None,
     ) -> None:
         self.target = target
         self._queue = queue
         self._settings = settings
         self._metrics = metrics
         self._clock = clock
+        self._quiet = quiet
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._not_before = 0.0
@@ -106,6 +112,11 @@ class Worker:
             if delay > 0:
                 self._wake.wait(min(delay, POLL_SECONDS))
                 self._wake.clear()
+            elif self._quiet is not None:
+                # Accepting comes first: Alertmanager waits for the answer, and sending holds
+                # the GIL that the HTTP threads need. Held back for a bounded time, a worker
+                # still sends at least one message per YIELD_SECONDS under a flood.
+                self._quiet(YIELD_SECONDS)
 
     def step(self) -> float:
         """One look at the queue: send at most one message; seconds until the next look."""
