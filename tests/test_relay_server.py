@@ -7,7 +7,9 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -196,3 +198,24 @@ def test_queue_commands_retry_and_drop_while_the_relay_runs(
             assert f"no {ids[1]} among the dead letters" in missing.stderr
     finally:
         refusing.close()
+
+
+def test_spare_connection_threads_end_when_the_relay_stops(
+    tmp_path: Path, receiver: FakeTarget
+) -> None:
+    before = set(threading.enumerate())
+    with running_relay(tmp_path, hook(receiver)) as relay:
+        with ThreadPoolExecutor(4) as senders:
+            answers = senders.map(
+                lambda i: post(relay.url, notification(alert(instance=f"node-{i}"))).status_code,
+                range(20),
+            )
+            assert list(answers) == [200] * 20
+        # Threads that served a connection wait for the next one.
+        spares = [
+            thread
+            for thread in set(threading.enumerate()) - before
+            if thread.name == "http-connection"
+        ]
+        assert spares
+    wait_until(lambda: not any(thread.is_alive() for thread in spares), what="spares to end")

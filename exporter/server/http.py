@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import html
 import logging
+import queue
 import socket
 import threading
 import time
@@ -297,6 +298,50 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
     request_queue_size = 128
     # Set when the web config turns TLS on.
     watcher: Watcher | None = None
+    # Threads that finished a connection wait for the next one instead of exiting: starting a
+    # thread makes the accepting thread wait until the new one has run, a wait for the GIL
+    # that grows with load, paid by a relay on every notification. There is still one thread
+    # per connection in progress, as many as come; see bench/RESULTS.md (relay).
+    max_spare_threads = 32
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._spare_lock = threading.Lock()
+        self._spare = 0
+        self._closed = False
+        self._handoff: queue.SimpleQueue[tuple[Any, Any] | None] = queue.SimpleQueue()
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """Serve the connection on a spare thread, or on a new one when none is waiting."""
+        with self._spare_lock:
+            if self._spare:
+                self._spare -= 1
+                self._handoff.put((request, client_address))
+                return
+        threading.Thread(
+            target=self._serve, args=(request, client_address), name="http-connection", daemon=True
+        ).start()
+
+    def _serve(self, request: Any, client_address: Any) -> None:
+        while True:
+            self.process_request_thread(request, client_address)
+            with self._spare_lock:
+                if self._closed or self._spare >= self.max_spare_threads:
+                    return
+                self._spare += 1
+            connection = self._handoff.get()
+            if connection is None:
+                return
+            request, client_address = connection
+
+    def server_close(self) -> None:
+        """Close the socket and let the spare threads end."""
+        super().server_close()
+        with self._spare_lock:
+            self._closed = True
+            for _ in range(self._spare):
+                self._handoff.put(None)
+            self._spare = 0
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         """Serve one connection; over TLS, the handshake happens here, in its own thread."""
