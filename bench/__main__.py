@@ -39,7 +39,13 @@ def _arguments() -> argparse.Namespace:
 
 
 def measure(
-    exporter: str, scenario: Path, *, cpu_window: float, profile: float, py_spy: Path
+    exporter: str,
+    scenario: Path,
+    *,
+    cpu_window: float,
+    profile: float,
+    py_spy: Path,
+    quick: bool = False,
 ) -> dict[str, float]:
     """Start one exporter on one simulated node and measure it."""
     port = free_port()
@@ -97,6 +103,8 @@ def measure(
             load.median(ten) * 1000,
             load.percentile(ten, 0.99) * 1000,
         )
+        spread = load.spread_latencies(port, 120 if quick else 400)
+        result["p99_spread"] = load.percentile(spread, 0.99) * 1000
         result["rss_mb"] = daemon.peak_rss_bytes() / 2**20
     finally:
         daemon.stop()
@@ -124,6 +132,7 @@ def main() -> int:
                 cpu_window=cpu_window,
                 profile=profile,
                 py_spy=peers / "bin" / "py-spy",
+                quick=args.quick,
             )
             rows.append(report.Row(node, exporter, result))
     relay_rows = []

@@ -6,6 +6,7 @@ import collections
 import gzip
 import http.client
 import math
+import random
 import re
 import subprocess
 import tempfile
@@ -58,6 +59,21 @@ def scrape_latencies(port: int, scrapers: int, per_scraper: int) -> list[float]:
         thread.start()
     for thread in threads:
         thread.join()
+    return results
+
+
+def spread_latencies(port: int, count: int, seed: int = 1) -> list[float]:
+    """Latency of `count` scrapes 0-30 ms apart at random, over several collection cycles.
+
+    Each lands at a random moment of its cycle, as a scraper that does not know the exporter's
+    schedule does.
+    """
+    pause = random.Random(seed)
+    results = []
+    for _ in range(count):
+        time.sleep(pause.uniform(0, 0.03))
+        seconds, _body = scrape(port, PROMETHEUS_HEADERS)
+        results.append(seconds)
     return results
 
 

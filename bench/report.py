@@ -33,6 +33,7 @@ COLUMNS = (
     ("p99_1", "p99 1s ms", "{:.2f}"),
     ("p50_10", "p50 10s ms", "{:.2f}"),
     ("p99_10", "p99 10s ms", "{:.2f}"),
+    ("p99_spread", "p99 spread ms", "{:.2f}"),
     ("cpu_per_minute", "CPU s/min", "{:.2f}"),
     ("cpu_ms_per_cycle", "CPU ms/cycle", "{:.1f}"),
     ("sim_share", "sim %CPU", "{:.0%}"),
