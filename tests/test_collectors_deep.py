@@ -290,15 +290,20 @@ phases:
 """
 
 
-def test_processes_beyond_the_top_are_summed_under_other(tmp_path: Path) -> None:
-    with node(write(tmp_path, MANY_PROCESSES), options={"processes": {"top": 3}}) as (
+def _processes_scraped(tmp_path: Path, scenario: str, top: int) -> dict:
+    """The second cycle's samples (utilization needs a window) with the top `top` processes."""
+    with node(write(tmp_path, scenario), options={"processes": {"top": top}}) as (
         clock,
         collection,
         _,
     ):
         collection.run_cycle()
         clock.now += 2
-        samples = scrape(collection.run_cycle())
+        return scrape(collection.run_cycle())
+
+
+def test_processes_beyond_the_top_are_summed_under_other(tmp_path: Path) -> None:
+    samples = _processes_scraped(tmp_path, MANY_PROCESSES, top=3)
     gpu0 = labels_of(samples, "0")
     assert value_of(samples, "gpu_processes", **gpu0) == 12
     memory = {
@@ -317,14 +322,7 @@ def test_more_processes_than_the_first_list_call_has_room_for(tmp_path: Path) ->
     # 40 processes: beyond the 32 entries the first nvmlDeviceGetComputeRunningProcesses_v3 and
     # nvmlDeviceGetProcessUtilization calls make room for, so NVML answers INSUFFICIENT_SIZE.
     scenario = MANY_PROCESSES.replace("count: 11", "count: 39")
-    with node(write(tmp_path, scenario), options={"processes": {"top": 50}}) as (
-        clock,
-        collection,
-        _,
-    ):
-        collection.run_cycle()
-        clock.now += 2
-        samples = scrape(collection.run_cycle())
+    samples = _processes_scraped(tmp_path, scenario, top=50)
     gpu0 = labels_of(samples, "0")
     assert value_of(samples, "gpu_processes", **gpu0) == 40
     memory = series(samples, "gpu_process_memory_used_bytes")
