@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import gc
 import logging
 import signal
 import sqlite3
@@ -134,6 +135,10 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     enabled = sorted(name for name, on in config.collectors.items() if on)
     if alerting is not None:
         alerting.start()
+    # Everything imported and built so far lives as long as the process: out of the cyclic
+    # collector's way, a full collection no longer walks it (20-25 ms at 16 GPUs, holding the
+    # GIL while a scrape waits).
+    gc.freeze()
     scheduler.start()
     server.start()
     log.info(

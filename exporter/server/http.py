@@ -40,20 +40,29 @@ WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 class SnapshotCollector(Collector):
     """Serves the families of the latest snapshot to a prometheus_client registry."""
 
-    def __init__(self, latest: Callable[[], Snapshot | None]) -> None:
+    def __init__(self, latest: Callable[[], Snapshot | None], *, polite: bool = False) -> None:
         self._latest = latest
+        self._polite = polite
 
     def collect(self) -> Iterator[Metric]:
         """Yield the latest snapshot's families; nothing before the first cycle."""
         snapshot = self._latest()
-        if snapshot is not None:
-            yield from snapshot.families
+        if snapshot is None:
+            return
+        for family in snapshot.families:
+            yield family
+            if self._polite:
+                # Encoding is pure Python: without a pause between families a scrape waiting
+                # for the GIL gets it only every switch interval (5 ms), once per socket call.
+                time.sleep(0)
 
 
-def build_registry(latest: Callable[[], Snapshot | None]) -> CollectorRegistry:
+def build_registry(
+    latest: Callable[[], Snapshot | None], *, polite: bool = False
+) -> CollectorRegistry:
     """A dedicated registry: the snapshot plus the process's own metrics."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(latest))
+    registry.register(SnapshotCollector(latest, polite=polite))
     ProcessCollector(registry=registry)
     PlatformCollector(registry=registry)
     return registry
@@ -124,7 +133,8 @@ class MetricsEndpoint:
         # encoding of a newer one (tens of ms at 16 GPUs). None until the first prime.
         self._handed: Snapshot | None = None
         self._priming: Snapshot | None = None
-        self._priming_registry = build_registry(lambda: self._priming)
+        # The collection thread's encodings let scrapes in between families.
+        self._priming_registry = build_registry(lambda: self._priming, polite=True)
         # (content type, gzip) -> the encoded answer for self._snapshot.
         self._answers: dict[tuple[str, bool], bytes] = {}
         self._demand: dict[tuple[str, bool], _Demand] = {}
@@ -277,6 +287,10 @@ def landing_page(snapshot: Snapshot | None, telemetry_path: str) -> str:
 
 class _QuietHandler(WSGIRequestHandler):
     """Request handler that does not write an access-log line per scrape."""
+
+    # Buffered: the status line, headers and body leave in one send, not one each. Every
+    # socket call gives up the GIL and waits to get it back, behind the collection's threads.
+    wbufsize = 1 << 16
 
     def log_message(self, format: str, *args: Any) -> None:
         """Drop per-request logs: scrapes every few seconds would flood the log."""
