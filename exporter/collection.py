@@ -148,7 +148,6 @@ class Collection:
         # Values that change rarely are read again once per slow interval (0: every cycle).
         self._slow_interval = slow_interval
         self._next_slow = 0.0
-        self._slow_due = True
         self._wall_clock = wall_clock
         self._gpus: dict[int, _Gpu] = {}
         self._executor: ThreadPoolExecutor | None = None
@@ -175,11 +174,11 @@ class Collection:
                 self._start_nvml(now)
             runs: list[CollectorRun] = []
             if self._nvml_up:
-                self._slow_due = now >= self._next_slow
-                if self._slow_due:
+                slow_due = now >= self._next_slow
+                if slow_due:
                     self._next_slow = now + self._slow_interval
                 self._reacquire_lost_gpus(now)
-                runs = self._collect_all()
+                runs = self._collect_all(slow_due)
             snapshot = self._publish(runs, time.perf_counter() - started)
             self._snapshot = snapshot
             return snapshot
@@ -300,16 +299,16 @@ class Collection:
 
     # Collection
 
-    def _collect_all(self) -> list[CollectorRun]:
+    def _collect_all(self, slow_due: bool) -> list[CollectorRun]:
         assert self._executor is not None
         pending: dict[Future[list[CollectorRun]], _Gpu] = {}
         for gpu in self._gpus.values():
             if gpu.device is not None and gpu.in_flight is None:
-                gpu.in_flight = self._executor.submit(self._collect_gpu, gpu, self._slow_due)
+                gpu.in_flight = self._executor.submit(self._collect_gpu, gpu, slow_due)
             if gpu.in_flight is not None:
                 pending[gpu.in_flight] = gpu
         node_runs = [
-            run_collector(name, collector.collect, slow_due=self._slow_due)
+            run_collector(name, collector.collect, slow_due=slow_due)
             for name, collector in self._node_collectors.items()
         ]
         wait(pending, timeout=self._timeout)
