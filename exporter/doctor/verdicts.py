@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.alerting import rules
 from exporter.alerting.history import Labels, Point
 from exporter.alerting.thresholds import Thresholds
 from exporter.doctor import runbooks
@@ -43,7 +44,6 @@ PCIE_BUSY_RATIO = 0.70
 # Bytes per second per lane, after encoding, by PCIe generation.
 PCIE_LANE_BYTES = {1: 250e6, 2: 500e6, 3: 984.6e6, 4: 1969e6, 5: 3938e6, 6: 7563e6}
 
-_PIPES = ("tensor", "fp16", "fp32", "fp64")
 # Every metric name the verdicts read (a window that knows its names refuses any other).
 FAMILIES = frozenset(
     {
@@ -59,7 +59,7 @@ FAMILIES = frozenset(
         "gpu_clock_max_hertz",
         "gpu_sm_active_ratio",
         "gpu_dram_active_ratio",
-        *(f"gpu_{pipe}_active_ratio" for pipe in _PIPES),
+        *(f"gpu_{pipe}_active_ratio" for pipe in rules.COMPUTE_PIPES),
         "gpu_temperature_celsius",
         "gpu_temperature_slowdown_threshold_celsius",
         "gpu_power_usage_watts",
@@ -218,7 +218,7 @@ def figures(window: Window, gpu: str) -> dict[str, float | None]:
         dict(labels)["reason"]: _mean(points)
         for labels, points in window.each("gpu_clock_event_active", gpu).items()
     }
-    pipes = [_mean(window.of(f"gpu_{pipe}_active_ratio", gpu)) for pipe in _PIPES]
+    pipes = [_mean(window.of(f"gpu_{pipe}_active_ratio", gpu)) for pipe in rules.COMPUTE_PIPES]
     known_pipes = [p for p in pipes if p is not None]
     sm_clock = _mean(window.of("gpu_clock_hertz", gpu, clock="sm"))
     sm_max = _last(window.of("gpu_clock_max_hertz", gpu, clock="sm"))

@@ -121,6 +121,8 @@ class SimulatedGpu:
         self._reloads = reloads
         self._faults = tuple(f for f in faults if f.gpu == spec.index)
         self._link_faults = tuple(f for f in self._faults if f.kind == "nvlink_down")
+        # No link listed down and no link fault: every link is up all along (the common case).
+        self._links_always_up = not spec.nvlink_down and not self._link_faults
         # The last (metric, time) a link's bytes were computed for, and the bytes.
         self._link_share: tuple[tuple[str, float], float] | None = None
         self.mig = tuple(MigDevice(self, instance) for instance in spec.mig)
@@ -213,8 +215,8 @@ class SimulatedGpu:
 
     def links_up(self, t: float) -> int:
         """How many of the GPU's NVLinks are active at ``t``."""
-        if not self.spec.nvlink_down and not self._link_faults:
-            return self.model.nvlink_links  # the common case, asked for every link
+        if self._links_always_up:
+            return self.model.nvlink_links  # asked for every link of every field
         return sum(self.link_up(link, t) for link in range(self.model.nvlink_links))
 
     def link_bytes(self, metric: str, link: int, t: float) -> float:
@@ -223,8 +225,8 @@ class SimulatedGpu:
         The GPU's traffic is split evenly across the links that are up, so the integral is
         taken piecewise between the moments a link goes down or comes back.
         """
-        if not self.spec.nvlink_down and not self._link_faults:
-            # Every link up all along (the common case): the same share for each link.
+        if self._links_always_up:
+            # The same share for each link: computed once per (metric, time).
             key = (metric, t)
             share = self._link_share
             if share is None or share[0] != key:
