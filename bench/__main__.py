@@ -106,6 +106,7 @@ def measure(
         spread = load.spread_latencies(port, 120 if quick else 400)
         result["p99_spread"] = load.percentile(spread, 0.99) * 1000
         result["rss_mb"] = daemon.peak_rss_bytes() / 2**20
+        result["pss_mb"] = daemon.pss_bytes() / 2**20
     finally:
         daemon.stop()
     return result

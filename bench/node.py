@@ -1,8 +1,9 @@
 """One exporter running on a simulated node through ``gpuload sim exec``, and what it costs.
 
-The daemon is a real process: its CPU time and peak RSS come from ``/proc``. The simulated NVML
-inside it counts its C calls; ``bench/site/sitecustomize.py`` writes that counter to a file when
-the daemon receives SIGUSR1, so reading it costs the daemon nothing between readings.
+The daemon is a real process: its CPU time and memory, with those of the processes it starts,
+come from ``/proc``. The simulated NVML inside it counts its C calls;
+``bench/site/sitecustomize.py`` writes that counter to a file when the daemon receives SIGUSR1,
+so reading it costs the daemon nothing between readings.
 """
 
 from __future__ import annotations
@@ -167,20 +168,41 @@ class Daemon:
             time.sleep(0.1)
         raise RuntimeError(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
 
+    def processes(self) -> list[int]:
+        """The daemon and the processes it started (gpuload's HTTP front), by pid."""
+        pids, index = [self.pid], 0
+        while index < len(pids):
+            # Each thread has its own list of the children it started.
+            for children in Path(f"/proc/{pids[index]}/task").glob("*/children"):
+                pids += [int(child) for child in _read(children).split()]
+            index += 1
+        return pids
+
     def usage(self) -> Usage:
-        """CPU seconds (user + system, all threads) the daemon has used so far."""
-        stat = Path(f"/proc/{self.pid}/stat").read_text()
-        fields = stat.rpartition(")")[2].split()
-        # Fields 14 and 15 of proc(5), counted after the command name's closing parenthesis.
-        ticks = int(fields[11]) + int(fields[12])
+        """CPU seconds (user + system, all threads) the daemon and its children used so far."""
+        ticks = 0
+        for pid in self.processes():
+            stat = _read(Path(f"/proc/{pid}/stat"))
+            fields = stat.rpartition(")")[2].split()
+            # Fields 14 and 15 of proc(5), counted after the command name's closing parenthesis.
+            ticks += int(fields[11]) + int(fields[12]) if fields else 0
         return Usage(ticks / CLOCK_TICKS, time.monotonic())
 
     def peak_rss_bytes(self) -> int:
-        """The daemon's peak resident set size (VmHWM)."""
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-        return 0
+        """The peak resident set sizes (VmHWM) of the daemon and its children, added up.
+
+        Pages the processes share (the interpreter, libraries) count once per process here.
+        """
+        return sum(_status_kib(pid, "VmHWM:") for pid in self.processes()) * 1024
+
+    def pss_bytes(self) -> int:
+        """Their proportional set sizes now: shared pages split between the processes."""
+        total = 0
+        for pid in self.processes():
+            for line in _read(Path(f"/proc/{pid}/smaps_rollup")).splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+        return total
 
     def nvml_calls(self) -> dict[str, int]:
         """The simulated NVML's calls counter, read from the daemon through SIGUSR1."""
@@ -204,3 +226,18 @@ class Daemon:
                 os.kill(self.pid, signal.SIGKILL)
                 self._launcher.kill()
                 self._launcher.wait()
+
+
+def _read(path: Path) -> str:
+    """A /proc file's text; empty if the process has gone meanwhile."""
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _status_kib(pid: int, field: str) -> int:
+    for line in _read(Path(f"/proc/{pid}/status")).splitlines():
+        if line.startswith(field):
+            return int(line.split()[1])
+    return 0

@@ -38,6 +38,7 @@ COLUMNS = (
     ("cpu_ms_per_cycle", "CPU ms/cycle", "{:.1f}"),
     ("sim_share", "sim %CPU", "{:.0%}"),
     ("rss_mb", "RSS MB", "{:.1f}"),
+    ("pss_mb", "PSS MB", "{:.1f}"),
     ("series", "series", "{:.0f}"),
     ("bytes", "bytes", "{:.0f}"),
     ("gzip_bytes", "gzip B", "{:.0f}"),

@@ -29,7 +29,8 @@ class Daemon:
     lines: list[str] = field(default_factory=list)
 
     def get(self, path: str, **kwargs: object) -> requests.Response:
-        return requests.get(self.url + path.lstrip("/"), timeout=5, **kwargs)  # type: ignore[arg-type]
+        kwargs.setdefault("timeout", 5)
+        return requests.get(self.url + path.lstrip("/"), **kwargs)  # type: ignore[arg-type]
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         """Scrape /metrics into {(sample name, sorted labels): value}."""

@@ -143,3 +143,20 @@ def test_a_scrape_during_priming_gets_the_previous_snapshot_without_waiting() ->
         release.set()
         priming.join(30)
     assert b'gpu_test_value{gpu="0"} 99.0' in node.scrape(OPENMETRICS)
+
+
+def test_encoded_answers_are_handed_to_the_front_and_its_requests_count() -> None:
+    node = _Node()
+    handed: list[tuple[int, dict[tuple[str, bool], bytes]]] = []
+    node.endpoint.publish = lambda generation, answers: handed.append((generation, answers))
+    node.scrape(OPENMETRICS)  # a scrape the daemon answers: its encoding goes to the front
+    assert len(handed) == 1
+    ((_, answers),) = handed
+    (key,) = answers
+    assert key[0].startswith("application/openmetrics-text") and key[1]
+    node.cycle()  # nothing due yet; the new snapshot still reaches the front, without answers
+    assert handed[-1][1] == {}
+    # The front answered the next request itself, and said so.
+    node.endpoint.asked(key, handed[-1][0], node.clock.now)
+    assert node.cycle() == [key]
+    assert b'gpu_test_value{gpu="0"} 2.0' in gzip.decompress(handed[-1][1][key])

@@ -16,7 +16,7 @@ from exporter.relay.metrics import RelayMetrics
 from exporter.relay.queue import Queue
 from exporter.relay.server import RelayApplication
 from exporter.relay.templates import MessageSettings
-from exporter.server.http import Server
+from exporter.server.wsgi import Server
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from exporter.alerting.local import LocalAlerting
 from exporter.collection import Collection, Snapshot
 from exporter.config import Config
-from exporter.server.http import Application, Server
+from exporter.server.front import FrontProcess
+from exporter.server.http import Application
 from exporter.server.status import StatusPage
 
 log = logging.getLogger(__name__)
@@ -95,9 +96,21 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         options=config.collector_options,
         slow_interval=config.collect_slow_interval,
     )
-    app = Application(lambda: collection.snapshot, config.web.telemetry_path)
+    app = Application(
+        lambda: collection.snapshot, config.web.telemetry_path, front_pid=lambda: server.pid
+    )
+    security = config.web.security
     try:
-        server = Server(config.web.listen_address, app, config.web.security)
+        # Scrapes are answered by a process of its own: see exporter/server/front.py.
+        server = FrontProcess(
+            config.web.listen_address,
+            app,
+            telemetry_path=config.web.telemetry_path,
+            web_config=None if security is None else str(security.path),
+            tls=security is not None and security.tls is not None,
+            logging_settings=(config.log.level, config.log.format),
+            asked=app.metrics.asked,
+        )
     except OSError as error:
         log.error("cannot listen on %s: %s", config.web.listen_address, error.strerror or error)
         return 1
@@ -110,6 +123,7 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     app.status = StatusPage(
         lambda: collection.snapshot, config.web.telemetry_path, alerting, config.collect_interval
     )
+    app.metrics.publish = server.publish
     stop = stop or threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -1,10 +1,11 @@
-"""The HTTP endpoint: /metrics, /healthz, /readyz and a landing page.
+"""The daemon's HTTP application: /metrics, /healthz, /readyz and a landing page.
 
 The scrape path reads the latest snapshot and never calls NVML. /metrics is
 prometheus_client's exposition on a dedicated registry: its content negotiation
 (OpenMetrics when asked), gzip when asked and `name[]` filtering. A snapshot does
 not change once published, so its encoded answer is kept per format (content type
-and gzip) until the next snapshot replaces it; see `MetricsEndpoint`.
+and gzip) until the next snapshot replaces it; see `MetricsEndpoint`. Those answers
+are handed to the HTTP front process, which serves them (`exporter.server.front`).
 """
 
 from __future__ import annotations
@@ -12,15 +13,11 @@ from __future__ import annotations
 import gzip
 import html
 import logging
-import queue
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, make_wsgi_app
 from prometheus_client.core import Metric
@@ -29,7 +26,6 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.collection import Snapshot
-from exporter.server.webconfig import Guard, Watcher, WebSecurity
 
 log = logging.getLogger(__name__)
 
@@ -40,30 +36,31 @@ WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 class SnapshotCollector(Collector):
     """Serves the families of the latest snapshot to a prometheus_client registry."""
 
-    def __init__(self, latest: Callable[[], Snapshot | None], *, polite: bool = False) -> None:
+    def __init__(self, latest: Callable[[], Snapshot | None]) -> None:
         self._latest = latest
-        self._polite = polite
 
     def collect(self) -> Iterator[Metric]:
         """Yield the latest snapshot's families; nothing before the first cycle."""
         snapshot = self._latest()
         if snapshot is None:
             return
-        for family in snapshot.families:
-            yield family
-            if self._polite:
-                # Encoding is pure Python: without a pause between families a scrape waiting
-                # for the GIL gets it only every switch interval (5 ms), once per socket call.
-                time.sleep(0)
+        yield from snapshot.families
 
 
 def build_registry(
-    latest: Callable[[], Snapshot | None], *, polite: bool = False
+    latest: Callable[[], Snapshot | None],
+    *,
+    front_pid: Callable[[], int] | None = None,
 ) -> CollectorRegistry:
-    """A dedicated registry: the snapshot plus the process's own metrics."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(latest, polite=polite))
+    """A dedicated registry: the snapshot plus the process's own metrics (and its front's)."""
+    # Without describe(), a collector is left out of `name[]` filtered answers unless the
+    # registry is told to keep collectors that name nothing.
+    registry = CollectorRegistry(auto_describe=False, support_collectors_without_names=True)
+    registry.register(SnapshotCollector(latest))
     ProcessCollector(registry=registry)
+    if front_pid is not None:
+        # gpuload_http_process_*: the HTTP front process's CPU, memory and file descriptors.
+        ProcessCollector(namespace="gpuload_http", pid=front_pid, registry=registry)
     PlatformCollector(registry=registry)
     return registry
 
@@ -120,25 +117,28 @@ class MetricsEndpoint:
         self,
         latest: Callable[[], Snapshot | None],
         clock: Callable[[], float] = time.monotonic,
+        front_pid: Callable[[], int] | None = None,
     ) -> None:
         self._latest = latest
         self._clock = clock
-        self._uncached = make_wsgi_app(build_registry(latest))
+        self._uncached = make_wsgi_app(build_registry(latest, front_pid=front_pid))
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
         self._generation = 0
         # Encodes exactly the snapshot being cached, even if a newer one is published meanwhile.
-        self._registry = build_registry(lambda: self._snapshot)
+        self._registry = build_registry(lambda: self._snapshot, front_pid=front_pid)
         # The newest snapshot `prime` has finished with: scrapes serve it, never waiting for the
         # encoding of a newer one (tens of ms at 16 GPUs). None until the first prime.
         self._handed: Snapshot | None = None
         self._priming: Snapshot | None = None
-        # The collection thread's encodings let scrapes in between families.
-        self._priming_registry = build_registry(lambda: self._priming, polite=True)
+        self._priming_registry = build_registry(lambda: self._priming, front_pid=front_pid)
         # (content type, gzip) -> the encoded answer for self._snapshot.
         self._answers: dict[tuple[str, bool], bytes] = {}
         self._demand: dict[tuple[str, bool], _Demand] = {}
         self._primed_at: float | None = None
+        # Called with (generation, answers) whenever answers are encoded: the HTTP front
+        # process serves them from then on.
+        self.publish: Callable[[int, dict[tuple[str, bool], bytes]], None] | None = None
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         """Answer a scrape from the cache when it can."""
@@ -150,12 +150,16 @@ class MetricsEndpoint:
         compressed = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", ""))
         key = (content_type, compressed)
         with self._lock:
+            encoded = key not in self._answers or self._snapshot is not snapshot
             body = self._answer(snapshot, key, encoder)
+            generation = self._generation
             demand = self._demand.get(key)
             if demand is None:
-                self._demand[key] = _Demand(encoder, self._generation, self._clock())
+                self._demand[key] = _Demand(encoder, generation, self._clock())
             else:
-                demand.asked(self._generation, self._clock())
+                demand.asked(generation, self._clock())
+        if encoded and self.publish is not None:
+            self.publish(generation, {key: body})
         headers = [("Content-Type", content_type)]
         if compressed:
             headers.append(("Content-Encoding", "gzip"))
@@ -185,7 +189,17 @@ class MetricsEndpoint:
                     self._generation += 1
                 self._answers.update(answers)
                 self._handed = snapshot
+                generation, current = self._generation, dict(self._answers)
+            if self.publish is not None:
+                self.publish(generation, current)
         return [key for key, _ in due]
+
+    def asked(self, key: tuple[str, bool], generation: int, when: float) -> None:
+        """Note a request answered elsewhere (the HTTP front) from generation's answer."""
+        with self._lock:
+            demand = self._demand.get(key)
+            if demand is not None:
+                demand.asked(generation, when)
 
     def _answer(
         self,
@@ -219,22 +233,27 @@ def _encoded(
 class Application:
     """The WSGI application routing gpuload's endpoints."""
 
-    def __init__(self, latest: Callable[[], Snapshot | None], telemetry_path: str) -> None:
+    def __init__(
+        self,
+        latest: Callable[[], Snapshot | None],
+        telemetry_path: str,
+        front_pid: Callable[[], int] | None = None,
+    ) -> None:
         self._latest = latest
         self._telemetry_path = telemetry_path
-        self._metrics = MetricsEndpoint(latest)
+        self.metrics = MetricsEndpoint(latest, front_pid=front_pid)
         # The live status page (`/` and /api/v1/status); the plain landing page without one.
         self.status: WsgiApp | None = None
 
     def prime(self, snapshot: Snapshot) -> None:
         """Encode a new snapshot for the scrapes expected before the next (see MetricsEndpoint)."""
-        self._metrics.prime(snapshot)
+        self.metrics.prime(snapshot)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         """Dispatch a request by path."""
         path = environ.get("PATH_INFO", "/")
         if path == self._telemetry_path:
-            return self._metrics(environ, start_response)
+            return self.metrics(environ, start_response)
         if path == "/healthz":
             return _text(start_response, "200 OK", "ok\n")
         if path == "/readyz":
@@ -283,138 +302,3 @@ def landing_page(snapshot: Snapshot | None, telemetry_path: str) -> str:
 <a href="/readyz">Readiness</a></p>
 </body></html>
 """
-
-
-class _QuietHandler(WSGIRequestHandler):
-    """Request handler that does not write an access-log line per scrape."""
-
-    # Buffered: the status line, headers and body leave in one send, not one each. Every
-    # socket call gives up the GIL and waits to get it back, behind the collection's threads.
-    wbufsize = 1 << 16
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Drop per-request logs: scrapes every few seconds would flood the log."""
-
-    def get_environ(self) -> dict[str, Any]:
-        """The WSGI environ; HTTPS=on over TLS, so that wsgi.url_scheme says https."""
-        environ = super().get_environ()
-        if hasattr(self.connection, "getpeercert"):
-            environ["HTTPS"] = "on"
-        return environ
-
-
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    # socketserver's listen backlog is 5: a sixth simultaneous connection has its SYN
-    # dropped and the client retries after a second, which 10 concurrent scrapers (or an
-    # Alertmanager burst at the relay) hit at once.
-    request_queue_size = 128
-    # Set when the web config turns TLS on.
-    watcher: Watcher | None = None
-    # Threads that finished a connection wait for the next one instead of exiting: starting a
-    # thread makes the accepting thread wait until the new one has run, a wait for the GIL
-    # that grows with load, paid by a relay on every notification. There is still one thread
-    # per connection in progress, as many as come; see bench/RESULTS.md (relay).
-    max_spare_threads = 32
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._spare_lock = threading.Lock()
-        self._spare = 0
-        self._closed = False
-        self._handoff: queue.SimpleQueue[tuple[Any, Any] | None] = queue.SimpleQueue()
-        super().__init__(*args, **kwargs)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        """Serve the connection on a spare thread, or on a new one when none is waiting."""
-        with self._spare_lock:
-            if self._spare:
-                self._spare -= 1
-                self._handoff.put((request, client_address))
-                return
-        threading.Thread(
-            target=self._serve, args=(request, client_address), name="http-connection", daemon=True
-        ).start()
-
-    def _serve(self, request: Any, client_address: Any) -> None:
-        while True:
-            self.process_request_thread(request, client_address)
-            with self._spare_lock:
-                if self._closed or self._spare >= self.max_spare_threads:
-                    return
-                self._spare += 1
-            connection = self._handoff.get()
-            if connection is None:
-                return
-            request, client_address = connection
-
-    def server_close(self) -> None:
-        """Close the socket and let the spare threads end."""
-        super().server_close()
-        with self._spare_lock:
-            self._closed = True
-            for _ in range(self._spare):
-                self._handoff.put(None)
-            self._spare = 0
-
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        """Serve one connection; over TLS, the handshake happens here, in its own thread."""
-        if self.watcher is None:
-            super().finish_request(request, client_address)
-            return
-        wrapped = self.watcher.accept(request, client_address)
-        if wrapped is None:
-            return
-        try:
-            super().finish_request(wrapped, client_address)
-        finally:
-            # shutdown_request() closes the plain socket, which the TLS one has taken over.
-            wrapped.close()
-
-
-class _ThreadingServerV6(_ThreadingServer):
-    address_family = socket.AF_INET6
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """Split ``host:port``; an empty host means every interface."""
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-class Server:
-    """The HTTP server on its own thread; TLS and basic auth as the web config file says."""
-
-    def __init__(self, address: str, app: WsgiApp, security: WebSecurity | None = None) -> None:
-        host, port = parse_address(address)
-        server_class = _ThreadingServerV6 if ":" in host else _ThreadingServer
-        watcher = None if security is None else Watcher(security)
-        if watcher is not None:
-            app = Guard(app, watcher)
-        self._httpd = make_server(host, port, app, server_class, _QuietHandler)
-        if watcher is not None and watcher.tls:
-            self._httpd.watcher = watcher
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="http", kwargs={"poll_interval": 0.2}
-        )
-
-    @property
-    def url(self) -> str:
-        """The base URL the server is reachable at (its real port if 0 was asked)."""
-        host, port = str(self._httpd.server_address[0]), self._httpd.server_address[1]
-        shown = "127.0.0.1" if host in ("", "0.0.0.0") else host
-        shown = f"[{shown}]" if ":" in shown else shown
-        scheme = "https" if self._httpd.watcher is not None else "http"
-        return f"{scheme}://{shown}:{port}/"
-
-    def start(self) -> None:
-        """Serve in the background."""
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop accepting and close the socket (also when it never started serving)."""
-        if self._thread.is_alive():
-            # shutdown() waits for serve_forever to notice: it would wait forever if never run.
-            self._httpd.shutdown()
-            self._thread.join(timeout=1)
-        self._httpd.server_close()
