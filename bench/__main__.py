@@ -57,18 +57,22 @@ def measure(
     try:
         daemon.wait_ready()
         time.sleep(3)  # past start-up: discovery, first GPM samples, imports
-        calls_before, usage_before = daemon.nvml_calls(), daemon.usage()
+        counters_before, usage_before = daemon.simulator_counters(), daemon.usage()
         time.sleep(cpu_window)
-        calls_after, usage_after = daemon.nvml_calls(), daemon.usage()
+        counters_after, usage_after = daemon.simulator_counters(), daemon.usage()
         elapsed = usage_after.at - usage_before.at
         cpu = usage_after.cpu_seconds - usage_before.cpu_seconds
-        delta = {k: v - calls_before.get(k, 0) for k, v in calls_after.items()}
+        simulator_cpu = counters_after.cpu_seconds - counters_before.cpu_seconds
+        delta = {k: v - counters_before.calls.get(k, 0) for k, v in counters_after.calls.items()}
         # nvitop-exporter also asks each MIG instance for its power (gpuload does not).
         mig = sum(len(gpu.mig) for gpu in spec.gpus) if exporter == "nvitop" else 0
         cycles = delta.get(_CYCLE_MARKER, 0) / (gpus + mig)
         result["cpu_per_minute"] = cpu / elapsed * 60
         result["cycles_per_minute"] = cycles / elapsed * 60
         result["cpu_ms_per_cycle"] = cpu / cycles * 1000 if cycles else float("nan")
+        result["own_cpu_ms_per_cycle"] = (
+            (cpu - simulator_cpu) / cycles * 1000 if cycles else float("nan")
+        )
         in_cycle = {k: v for k, v in delta.items() if k not in _NOT_IN_CYCLE}
         result["calls_per_cycle"] = sum(in_cycle.values()) / cycles if cycles else float("nan")
         per_gpu = sum(

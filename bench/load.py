@@ -6,13 +6,14 @@ import collections
 import gzip
 import http.client
 import math
+import multiprocessing
 import random
 import re
 import subprocess
 import tempfile
-import threading
 import time
 from pathlib import Path
+from typing import Any
 
 # What Prometheus 2.x sends: OpenMetrics preferred, the text format accepted, gzip asked.
 PROMETHEUS_HEADERS = {
@@ -40,26 +41,34 @@ def scrape(port: int, headers: dict[str, str], path: str = "/metrics") -> tuple[
 
 
 def scrape_latencies(port: int, scrapers: int, per_scraper: int) -> list[float]:
-    """Latency of every scrape when `scrapers` threads scrape back to back at the same time."""
-    results: list[float] = []
-    lock = threading.Lock()
-    start = threading.Barrier(scrapers)
+    """Latency of every scrape when `scrapers` processes scrape back to back at the same time.
 
-    def run() -> None:
-        mine = []
-        start.wait()
-        for _ in range(per_scraper):
-            seconds, _body = scrape(port, PROMETHEUS_HEADERS)
-            mine.append(seconds)
-        with lock:
-            results.extend(mine)
+    Processes, as concurrent scrapers are separate Prometheus servers: threads of this one
+    process would wait for each other's GIL, and that wait would count as the exporter's.
+    """
+    if scrapers == 1:
+        return _scrape_back_to_back(port, per_scraper)
+    context = multiprocessing.get_context("fork")
+    start, results = context.Barrier(scrapers), context.SimpleQueue()
+    processes = [
+        context.Process(target=_scrape_after, args=(start, results, port, per_scraper))
+        for _ in range(scrapers)
+    ]
+    for process in processes:
+        process.start()
+    runs = [results.get() for _ in processes]
+    for process in processes:
+        process.join()
+    return [seconds for run in runs for seconds in run]
 
-    threads = [threading.Thread(target=run) for _ in range(scrapers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results
+
+def _scrape_after(start: Any, results: Any, port: int, count: int) -> None:
+    start.wait()
+    results.put(_scrape_back_to_back(port, count))
+
+
+def _scrape_back_to_back(port: int, count: int) -> list[float]:
+    return [scrape(port, PROMETHEUS_HEADERS)[0] for _ in range(count)]
 
 
 def spread_latencies(port: int, count: int, seed: int = 1) -> list[float]:

@@ -99,6 +99,14 @@ class Usage:
     at: float
 
 
+@dataclass(frozen=True)
+class SimulatorCounters:
+    """What the simulated NVML inside a daemon has counted so far."""
+
+    calls: dict[str, int]  # C function name -> calls
+    cpu_seconds: float  # CPU time its calls took on the daemon's threads
+
+
 class Daemon:
     """An exporter started under ``gpuload sim exec`` on one scenario."""
 
@@ -204,15 +212,15 @@ class Daemon:
                     total += int(line.split()[1]) * 1024
         return total
 
-    def nvml_calls(self) -> dict[str, int]:
-        """The simulated NVML's calls counter, read from the daemon through SIGUSR1."""
+    def simulator_counters(self) -> SimulatorCounters:
+        """The simulated NVML's counters, read from the daemon through SIGUSR1."""
         before = self._calls_file.stat().st_mtime_ns if self._calls_file.exists() else 0
         os.kill(self.pid, signal.SIGUSR1)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             if self._calls_file.exists() and self._calls_file.stat().st_mtime_ns != before:
-                counts: dict[str, int] = json.loads(self._calls_file.read_text())
-                return counts
+                counters = json.loads(self._calls_file.read_text())
+                return SimulatorCounters(counters["calls"], counters["cpu_seconds"])
             time.sleep(0.01)
         raise RuntimeError(f"{self.name} did not write its NVML call counter")
 

@@ -36,6 +36,7 @@ COLUMNS = (
     ("p99_spread", "p99 spread ms", "{:.2f}"),
     ("cpu_per_minute", "CPU s/min", "{:.2f}"),
     ("cpu_ms_per_cycle", "CPU ms/cycle", "{:.1f}"),
+    ("own_cpu_ms_per_cycle", "CPU ms/cycle w/o sim", "{:.1f}"),
     ("sim_share", "sim %CPU", "{:.0%}"),
     ("rss_mb", "RSS MB", "{:.1f}"),
     ("pss_mb", "PSS MB", "{:.1f}"),

@@ -10,7 +10,7 @@ import queue
 import socket
 import threading
 from collections.abc import Callable, Iterable
-from socketserver import ThreadingMixIn
+from socketserver import StreamRequestHandler, ThreadingMixIn
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
@@ -149,6 +149,7 @@ class Server:
         security: WebSecurity | None = None,
         *,
         listener: socket.socket | None = None,
+        handler: type[StreamRequestHandler] | None = None,
     ) -> None:
         host, port = parse_address(address)
         server_class = _ThreadingServerV6 if ":" in host else _ThreadingServer
@@ -159,7 +160,7 @@ class Server:
 
             watcher = Watcher(security)
             app = Guard(app, watcher)
-        self._httpd = server_class((host, port), _QuietHandler, listener)
+        self._httpd = server_class((host, port), handler or _QuietHandler, listener)
         self._httpd.set_app(app)
         if watcher is not None and watcher.tls:
             self._httpd.watcher = watcher

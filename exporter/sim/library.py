@@ -80,7 +80,11 @@ class CFunction:
 
     def __call__(self, *args: Any) -> Any:
         """Call the C function with ctypes arguments; returns an nvmlReturn_t."""
-        return self._sim.call(self.__name__, args)
+        started = time.thread_time()
+        try:
+            return self._sim.call(self.__name__, args)
+        finally:
+            self._sim.charge(time.thread_time() - started)
 
     def __repr__(self) -> str:
         return f"<simulated NVML function {self.__name__}>"
@@ -90,7 +94,9 @@ class SimulatedNvml:
     """A scenario-driven stand-in for the NVML shared library, installed as ``pynvml.nvmlLib``.
 
     Readings are a deterministic function of (scenario, seed, elapsed), where elapsed is
-    ``clock() - epoch`` or ``pinned_time`` when given. ``calls`` counts calls per C function.
+    ``clock() - epoch`` or ``pinned_time`` when given. ``calls`` counts calls per C function;
+    ``cpu_seconds`` is the CPU time the calls took on their callers' threads: the simulator's
+    own cost inside the process that loads it, which the benchmark sets apart from gpuload's.
     Instances are thread-safe: readings are pure and the mutable state is behind a lock.
     """
 
@@ -109,6 +115,7 @@ class SimulatedNvml:
         self.pinned_time = pinned_time
         self.seed = scenario.seed if seed is None else seed
         self.calls: collections.Counter[str] = collections.Counter()
+        self.cpu_seconds = 0.0
         self._lock = threading.Lock()
         self._sessions = 0
         reloads = tuple(
@@ -172,6 +179,11 @@ class SimulatedNvml:
         ]
 
     # -- dispatch ----------------------------------------------------------------------------
+
+    def charge(self, seconds: float) -> None:
+        """Add one call's CPU time to ``cpu_seconds``."""
+        with self._lock:
+            self.cpu_seconds += seconds
 
     def call(self, name: str, args: tuple[Any, ...]) -> Any:
         """Run C function ``name`` with its ctypes arguments; return its nvmlReturn_t."""

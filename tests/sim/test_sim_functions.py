@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -422,3 +423,16 @@ def test_error_strings_come_from_the_library() -> None:
     install("training")
     assert pynvml.nvmlErrorString(pynvml.NVML_ERROR_GPU_IS_LOST) == "GPU is lost"
     assert str(pynvml.NVMLError(pynvml.NVML_ERROR_NOT_READY)) == "Not Ready"
+
+
+def test_the_simulators_own_cpu_time_is_counted_on_the_calling_threads() -> None:
+    sim = install("training", pinned_time=100.0)
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    assert sim.cpu_seconds > 0
+    before, thread_before = sim.cpu_seconds, time.thread_time()
+    for _ in range(200):
+        pynvml.nvmlDeviceGetUtilizationRates(handle)
+    spent, thread_spent = sim.cpu_seconds - before, time.thread_time() - thread_before
+    # Part of the thread's time, not all of it: pynvml's own Python is the caller's.
+    assert 0 < spent < thread_spent
