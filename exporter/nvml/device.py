@@ -325,7 +325,7 @@ class Device:
         is raised as `NvmlError`.
         """
         with translated():
-            results = pynvml.nvmlDeviceGetFieldValues(self._handle, fields)
+            results = _get_field_values(self._handle, fields)
         values: list[int | None] = []
         for field in results:
             status = field.nvmlReturn
@@ -482,6 +482,26 @@ class Device:
     def gpm_sampler(self, gpu_instance: int | None = None) -> GpmSampler:
         """A GPM sampler for this GPU, or for one of its MIG GPU instances."""
         return GpmSampler(self._handle, gpu_instance)
+
+
+class _FieldValue(ctypes.Structure):
+    """pynvml's c_nvmlFieldValue_t, same layout, without its per-attribute Python hooks.
+
+    Those hooks turn bytes into str on every read and write; a field value has no bytes,
+    and ~6 hooked accesses per field, for every field every cycle, were most of the call's CPU.
+    """
+
+    _fields_ = pynvml.c_nvmlFieldValue_t._fields_
+
+
+def _get_field_values(handle: Any, fields: Sequence[int | tuple[int, int]]) -> Any:
+    """pynvml.nvmlDeviceGetFieldValues, filling an array of `_FieldValue`."""
+    values = (_FieldValue * len(fields))()
+    for slot, field in zip(values, fields, strict=True):
+        slot.fieldId, slot.scopeId = field if isinstance(field, tuple) else (field, 0)
+    function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+    pynvml._nvmlCheckReturn(function(handle, ctypes.c_int32(len(fields)), ctypes.byref(values)))
+    return values
 
 
 def _field_number(field: Any) -> int:

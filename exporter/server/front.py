@@ -377,8 +377,10 @@ _PLAIN = [("Content-Type", "text/plain; charset=utf-8")]
 def main(argv: list[str]) -> int:
     """The front process: serve until the daemon closes the answers channel."""
     settings = json.loads(argv[0])
-    # ^C in a terminal reaches the whole process group: the daemon stops, then closes us.
+    # The front lives as long as the daemon's channel: a signal to the whole process group
+    # (^C in a terminal) stops the daemon, which then closes it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from exporter import logs
 
     logs.setup(settings["log_level"], settings["log_format"])

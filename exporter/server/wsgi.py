@@ -6,13 +6,13 @@ binds in the daemon and serves from its HTTP front process (see `exporter.server
 
 from __future__ import annotations
 
+import functools
 import queue
 import socket
 import threading
 from collections.abc import Callable, Iterable
-from socketserver import StreamRequestHandler, ThreadingMixIn
+from socketserver import StreamRequestHandler, TCPServer, ThreadingMixIn
 from typing import TYPE_CHECKING, Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 if TYPE_CHECKING:
     from exporter.server.webconfig import Watcher, WebSecurity
@@ -21,25 +21,35 @@ StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """Request handler that does not write an access-log line per scrape."""
+@functools.cache
+def _quiet_handler() -> type[StreamRequestHandler]:
+    """The request handler of wsgiref, quiet and buffered.
 
-    # Buffered: the status line, headers and body leave in one send, not one each. Every
-    # socket call gives up the GIL and waits to get it back, behind the collection's threads.
-    wbufsize = 1 << 16
+    Made on first use: wsgiref's server module brings http.server, http.client and the email
+    package (~7 MB), which the HTTP front process, with its own handler, does without.
+    """
+    from wsgiref.simple_server import WSGIRequestHandler
 
-    def log_message(self, format: str, *args: Any) -> None:
-        """Drop per-request logs: scrapes every few seconds would flood the log."""
+    class QuietHandler(WSGIRequestHandler):
+        """Request handler that does not write an access-log line per scrape."""
 
-    def get_environ(self) -> dict[str, Any]:
-        """The WSGI environ; HTTPS=on over TLS, so that wsgi.url_scheme says https."""
-        environ = super().get_environ()
-        if hasattr(self.connection, "getpeercert"):
-            environ["HTTPS"] = "on"
-        return environ
+        # Buffered: the status line, headers and body leave in one send, not one each.
+        wbufsize = 1 << 16
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Drop per-request logs: scrapes every few seconds would flood the log."""
+
+        def get_environ(self) -> dict[str, Any]:
+            """The WSGI environ; HTTPS=on over TLS, so that wsgi.url_scheme says https."""
+            environ = super().get_environ()
+            if hasattr(self.connection, "getpeercert"):
+                environ["HTTPS"] = "on"
+            return environ
+
+    return QuietHandler
 
 
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
+class _ThreadingServer(ThreadingMixIn, TCPServer):
     daemon_threads = True
     allow_reuse_address = True
     # socketserver's listen backlog is 5: a sixth simultaneous connection has its SYN
@@ -68,14 +78,30 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
         """Bind the address, or take over the socket already listening."""
         if self._listener is None:
             super().server_bind()
-            return
-        self.socket.close()
-        self.socket = self._listener
-        self.server_address = self.socket.getsockname()
+        else:
+            self.socket.close()
+            self.socket = self._listener
+            self.server_address = self.socket.getsockname()
         host, port = self.server_address[:2]
         self.server_name = socket.getfqdn(str(host))
         self.server_port = port
-        self.setup_environ()
+        # What every request's WSGI environ starts from, as wsgiref's server has it.
+        self.base_environ = {
+            "SERVER_NAME": self.server_name,
+            "GATEWAY_INTERFACE": "CGI/1.1",
+            "SERVER_PORT": str(port),
+            "REMOTE_HOST": "",
+            "CONTENT_LENGTH": "",
+            "SCRIPT_NAME": "",
+        }
+
+    def set_app(self, application: WsgiApp) -> None:
+        """The WSGI application requests are handed to."""
+        self.application = application
+
+    def get_app(self) -> WsgiApp:
+        """The WSGI application, for the request handler."""
+        return self.application
 
     def server_activate(self) -> None:
         """Listen, unless the adopted socket already does."""
@@ -160,7 +186,7 @@ class Server:
 
             watcher = Watcher(security)
             app = Guard(app, watcher)
-        self._httpd = server_class((host, port), handler or _QuietHandler, listener)
+        self._httpd = server_class((host, port), handler or _quiet_handler(), listener)
         self._httpd.set_app(app)
         if watcher is not None and watcher.tls:
             self._httpd.watcher = watcher
@@ -169,7 +195,7 @@ class Server:
         )
 
     @property
-    def httpd(self) -> WSGIServer:
+    def httpd(self) -> TCPServer:
         """The server, for connections handed over from elsewhere (`process_request`)."""
         return self._httpd
 
