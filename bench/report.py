@@ -166,9 +166,10 @@ def write_results(
         "",
         "Columns and method: bench/README.md. Scrape latency is per request on a fresh "
         "connection with Prometheus's headers (OpenMetrics preferred, gzip), 200 back-to-back "
-        "scrapes from 1 scraper and 30 from each of 10 concurrent scrapers, and 400 spread at "
-        "random over the collection cycles; CPU is the daemon "
-        "process's user+system time over a window without scrapes; `sim %CPU` is the share "
+        "scrapes from 1 scraper and 30 from each of 10 concurrent scrapers (processes), and 400 "
+        "spread at random over the collection cycles; CPU is the user+system time of the daemon "
+        "and the processes it starts, over a window without scrapes; `w/o sim` leaves out the "
+        "simulated NVML's own CPU time, which it measures per call; `sim %CPU` is the share "
         "of the daemon's GIL-holding samples (py-spy) spent inside the simulated NVML; "
         "`NVML ms/GPU` is one GPU's NVML time per cycle under the latency model.",
         "",
