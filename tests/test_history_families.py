@@ -70,3 +70,14 @@ def test_alerts_and_verdicts_are_the_same_as_with_every_family(scenario: str, ti
         sim.uninstall()
     # The comparison means something only where something happened.
     assert any(fired), f"{scenario}: no alert fired or resolved in {times}"
+
+
+def test_sorted_labels_are_kept_within_their_bound() -> None:
+    from exporter.alerting import history
+
+    for n in range(history.SORTED_LABELS_KEPT + 10):
+        labels = history.labels_of({"uuid": f"GPU-{n}", "gpu": str(n), "empty": ""})
+        assert labels == (("gpu", str(n)), ("uuid", f"GPU-{n}"))
+        assert len(history._SORTED_LABELS) <= history.SORTED_LABELS_KEPT
+    # Kept or not, the same label set gives the same sorted pairs.
+    assert history.labels_of({"uuid": "GPU-1", "gpu": "1"}) == (("gpu", "1"), ("uuid", "GPU-1"))

@@ -25,7 +25,7 @@ from operator import itemgetter
 from typing import TypeVar
 
 from exporter.alerting import rules, templates
-from exporter.alerting.history import History, Labels, Point, Sample
+from exporter.alerting.history import SORTED_LABELS_KEPT, History, Labels, Point, Sample
 from exporter.alerting.thresholds import Thresholds, duration_seconds
 
 log = logging.getLogger(__name__)
@@ -579,6 +579,8 @@ class Evaluator:
         self._window = float(duration_seconds(thresholds.window))
         self._states = [_RuleState(rule) for rule in local_rules(thresholds)]
         self._failing: set[str] = set()
+        # A series' labels with the target's, as the same series come back every cycle.
+        self._targeted: dict[Labels, Labels] = {}
 
     def observe(self, samples: Iterable[Sample], at: float) -> list[Alert]:
         """Add one collection's samples, evaluate, return the alerts that fired or resolved."""
@@ -586,9 +588,14 @@ class Evaluator:
         return self.evaluate(at)
 
     def _with_target(self, sample: Sample) -> Sample:
-        labels = dict(sample.labels)
-        labels.update(self.target_labels)
-        return Sample(sample.name, tuple(sorted(labels.items())), sample.value)
+        labels = self._targeted.get(sample.labels)
+        if labels is None:
+            if len(self._targeted) >= SORTED_LABELS_KEPT:
+                self._targeted.clear()
+            merged = dict(sample.labels)
+            merged.update(self.target_labels)
+            labels = self._targeted[sample.labels] = tuple(sorted(merged.items()))
+        return Sample(sample.name, labels, sample.value)
 
     def evaluate(self, now: float) -> list[Alert]:
         """Evaluate every rule at ``now``; return the alerts that changed to firing or resolved."""

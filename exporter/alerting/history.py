@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from prometheus_client.core import Metric
 
@@ -26,8 +26,7 @@ Point = tuple[float, float]
 POINTS = 360
 
 
-@dataclass(frozen=True)
-class Sample:
+class Sample(NamedTuple):
     """One value of one series at one time."""
 
     name: str
@@ -35,9 +34,20 @@ class Sample:
     value: float
 
 
+# The same series' label sets come back every cycle: their sorted pairs are kept, up to a bound.
+_SORTED_LABELS: dict[tuple[tuple[str, str], ...], Labels] = {}
+SORTED_LABELS_KEPT = 10_000
+
+
 def labels_of(mapping: Mapping[str, str]) -> Labels:
     """Sorted label pairs, without empty values (Prometheus drops empty labels)."""
-    return tuple(sorted((k, v) for k, v in mapping.items() if v != ""))
+    pairs = tuple(mapping.items())
+    labels = _SORTED_LABELS.get(pairs)
+    if labels is None:
+        if len(_SORTED_LABELS) >= SORTED_LABELS_KEPT:
+            _SORTED_LABELS.clear()
+        labels = _SORTED_LABELS[pairs] = tuple(sorted(p for p in pairs if p[1] != ""))
+    return labels
 
 
 def snapshot_samples(
