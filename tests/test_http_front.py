@@ -151,6 +151,7 @@ def test_a_bad_request_is_answered_400_and_the_front_goes_on(
 ) -> None:
     answer = exchange(daemon, request_bytes)
     assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    assert answer.split(b"\r\n\r\n", 1)[1]  # says what was wrong
     assert daemon.get("/healthz").text == "ok\n"
 
 
@@ -164,3 +165,32 @@ def test_a_forwarded_body_reaches_the_daemon_whole(daemon: Daemon) -> None:
         + body,
     )
     assert answer.startswith(b"HTTP/1.1 405 ")
+
+
+def frame_options(daemon: Daemon) -> str | None:
+    """The header the web config adds; None while no front answers."""
+    try:
+        return daemon.get("/healthz", timeout=1).headers.get("X-Frame-Options")
+    except requests.exceptions.RequestException:
+        return None
+
+
+def test_a_front_that_cannot_start_is_retried_until_it_can(tmp_path: Path) -> None:
+    web_config = tmp_path / "web.yml"
+    web_config.write_text("http_server_config:\n  headers:\n    X-Frame-Options: deny\n")
+    daemon = start_daemon("--simulate", "mixed", "--web.config.file", str(web_config))
+    try:
+        assert daemon.get("/healthz").headers["X-Frame-Options"] == "deny"
+        web_config.write_text("tls_server_config: [not, a, mapping]\n")
+        (front,) = front_pids(daemon)
+        os.kill(front, signal.SIGKILL)
+        wait_until(lambda: "ERROR exporter.server.front: web config" in daemon.log(), what="log")
+        assert daemon.process.poll() is None
+        web_config.write_text("http_server_config:\n  headers:\n    X-Frame-Options: sameorigin\n")
+        wait_until(
+            lambda: frame_options(daemon) == "sameorigin",
+            timeout=30,
+            what="a front started with the mended web config",
+        )
+    finally:
+        daemon.stop()

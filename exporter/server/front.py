@@ -254,7 +254,7 @@ class FrontHandler(socketserver.StreamRequestHandler):
                     return
                 environ, keep_alive = self._environ(lines)
             except _BadRequest as error:
-                self._send("HEAD", "400 Bad Request", _PLAIN, f"{error}\n".encode(), False)
+                self._send("GET", "400 Bad Request", _PLAIN, f"{error}\n".encode(), False)
                 return
             except OSError:  # reset, or idle past the timeout
                 return
@@ -388,7 +388,11 @@ def main(argv: list[str]) -> int:
     if settings["web_config"]:
         from exporter.server import webconfig
 
-        security = webconfig.load(settings["web_config"])
+        try:
+            security = webconfig.load(settings["web_config"])
+        except (ValueError, OSError) as error:  # changed since the daemon read it
+            log.error("web config %s: %s", settings["web_config"], error)
+            return 2
     answers = Answers()
     channel = socket.socket(fileno=settings["answers"])
     daemon = socket.socket(fileno=settings["requests"])
