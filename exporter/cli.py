@@ -10,7 +10,7 @@ from typing import Any
 
 from exporter import __version__, config
 from exporter.collectors import REGISTRY
-from exporter.relay import cli as relay_cli
+from exporter.relay import arguments as relay_arguments
 
 # Command-line flag -> configuration key path.
 _SERVE_FLAGS = {
@@ -143,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     _serve_parser(subparsers)
     _sim_parser(subparsers)
-    relay_cli.add_parser(subparsers)
+    relay_arguments.add_parser(subparsers)
     _doctor_parser(subparsers)
     subparsers.add_parser("collectors", help="list the collectors and their metric families")
     return parser
@@ -255,6 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "sim":
         return _sim(args)
     if args.command == "relay":
+        from exporter.relay import cli as relay_cli
+
         return relay_cli.run(args)
     if args.command == "doctor":
         return _doctor(args)

@@ -3,8 +3,9 @@
 grpc (with protobuf) and the relay's delivery (jinja2, requests) are the heaviest imports the
 daemon has, ~18 MB of resident memory together. A node without the kubelet's pod-resources
 socket and without alert targets needs neither; importing them at start put the daemon over
-its 60 MB budget at 8 GPUs (bench/RESULTS.md). The daemon runs in a subprocess so that its
-sys.modules is its own, not pytest's.
+its 60 MB budget at 8 GPUs (bench/RESULTS.md). The relay's configuration (~1.6 MB) is not
+loaded either: the command line takes the relay's arguments from `exporter.relay.arguments`.
+The daemon runs in a subprocess so that its sys.modules is its own, not pytest's.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import json, os, signal, sys, threading, time, urllib.request
 
 from exporter.cli import main
 
-HEAVY = ("grpc", "google.protobuf", "jinja2", "requests")
+HEAVY = ("grpc", "google.protobuf", "jinja2", "requests", "exporter.relay.config")
 port, args = sys.argv[1], sys.argv[2:]
 
 
@@ -92,7 +93,7 @@ def socket_dir() -> Iterator[Path]:
     remove(folder)
 
 
-def test_serve_without_kubelet_socket_or_alert_targets_imports_no_grpc_jinja2_or_requests(
+def test_serve_without_kubelet_socket_or_alert_targets_imports_no_grpc_or_delivery(
     socket_dir: Path,
 ) -> None:
     assert heavy_modules_of_serve(socket_dir / "kubelet.sock") == []

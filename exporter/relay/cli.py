@@ -1,4 +1,4 @@
-"""`gpuload relay` and `gpuload relay queue`: arguments to configuration, then the work."""
+"""`gpuload relay` and `gpuload relay queue`: parsed arguments to configuration, then the work."""
 
 from __future__ import annotations
 
@@ -12,76 +12,12 @@ import time
 from typing import Any
 
 from exporter.relay import config
-
-# Command-line flag -> configuration key path.
-_FLAGS = {
-    "web.listen_address": (
-        f"address to listen on, host:port or :port (default :{config.DEFAULT_PORT})"
-    ),
-    "web.path": "path Alertmanager posts to (default /alerts)",
-    "web.config_file": "web config file in the exporter-toolkit format: TLS and basic auth",
-    "queue.path": "the SQLite queue file (default gpuload-relay.db)",
-    "log.level": "debug, info, warning or error (default info)",
-    "log.format": "text or json (default text)",
-}
-
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        default=argparse.SUPPRESS,
-        help="YAML configuration file (see docs/relay.md)",
-    )
-    parser.add_argument(
-        "--queue.path",
-        dest="queue.path",
-        metavar="FILE",
-        default=argparse.SUPPRESS,
-        help=_FLAGS["queue.path"],
-    )
-
-
-def add_parser(subparsers: Any) -> None:
-    """Register `relay` and its `queue` subcommand."""
-    relay = subparsers.add_parser(
-        "relay",
-        help="relay Alertmanager notifications to Slack, PagerDuty, Teams, chat robots, webhooks",
-        description="Accept Alertmanager webhook notifications, queue them durably and deliver "
-        "them to the configured targets. Settings come from flags > GPULOAD_RELAY_* "
-        "environment variables > the config file > defaults.",
-    )
-    _common(relay)
-    for key, text in _FLAGS.items():
-        if key != "queue.path":
-            relay.add_argument(
-                config.flag_name(key),
-                dest=key,
-                metavar="VALUE",
-                default=argparse.SUPPRESS,
-                help=text,
-            )
-    commands = relay.add_subparsers(dest="relay_command")
-    queue = commands.add_parser(
-        "queue",
-        help="list, retry or drop queued notifications and dead letters",
-        description="Works on the queue file while the relay runs.",
-    )
-    actions = queue.add_subparsers(dest="queue_action", required=True)
-    listing = actions.add_parser("list", help="list queued notifications (--dead: dead letters)")
-    retry = actions.add_parser("retry", help="deliver a notification now (--dead: a dead letter)")
-    drop = actions.add_parser("drop", help="delete a notification (--dead: a dead letter)")
-    for action in (listing, retry, drop):
-        _common(action)
-        action.add_argument("--dead", action="store_true", help="work on the dead letters")
-    listing.add_argument("--json", action="store_true", help="print JSON")
-    for action in (retry, drop):
-        action.add_argument("id", type=int, help="the ID shown by `gpuload relay queue list`")
+from exporter.relay.arguments import FLAGS
 
 
 def run(args: argparse.Namespace) -> int:
     """Run `gpuload relay` or `gpuload relay queue ...`."""
-    flags = {key: value for key, value in vars(args).items() if key in _FLAGS}
+    flags = {key: value for key, value in vars(args).items() if key in FLAGS}
     file = getattr(args, "config", None)
     try:
         if args.relay_command == "queue":

@@ -31,13 +31,13 @@ from exporter.config import (
     read_settings_file,
 )
 from exporter.config import env_name as settings_env_name
+from exporter.relay.arguments import DEFAULT_PORT
 from exporter.relay.routes import Route, parse_matcher
 
 if TYPE_CHECKING:
     from exporter.server.webconfig import WebSecurity
 
 ENV_PREFIX = "GPULOAD_RELAY_"
-DEFAULT_PORT = 19401
 
 __all__ = ["ConfigError", "RelayConfig", "Secret", "TargetConfig", "load"]
 
@@ -205,15 +205,6 @@ _STRUCTURES = ("targets", "route")
 def env_name(key: str) -> str:
     """The environment variable of a key path: queue.path -> GPULOAD_RELAY_QUEUE_PATH."""
     return settings_env_name(key, ENV_PREFIX)
-
-
-# Flags named after another convention: the exporter-toolkit's, shared with `gpuload serve`.
-_FLAG_NAMES = {"web.config_file": "--web.config.file"}
-
-
-def flag_name(key: str) -> str:
-    """The command-line flag of a key path: queue.max_age -> --queue.max-age."""
-    return _FLAG_NAMES.get(key) or "--" + key.replace("_", "-")
 
 
 def is_loopback(listen_address: str) -> bool:

@@ -1,0 +1,83 @@
+"""The arguments of `gpuload relay` and `gpuload relay queue`, for the one command line.
+
+Apart from the relay's configuration and work (`exporter.relay.cli`), so that building the
+command line, which every `gpuload` command does, does not import them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+DEFAULT_PORT = 19401
+# Flags named after another convention: the exporter-toolkit's, shared with `gpuload serve`.
+_FLAG_NAMES = {"web.config_file": "--web.config.file"}
+
+
+def flag_name(key: str) -> str:
+    """The command-line flag of a key path: queue.max_age -> --queue.max-age."""
+    return _FLAG_NAMES.get(key) or "--" + key.replace("_", "-")
+
+
+# Command-line flag -> configuration key path.
+FLAGS = {
+    "web.listen_address": (f"address to listen on, host:port or :port (default :{DEFAULT_PORT})"),
+    "web.path": "path Alertmanager posts to (default /alerts)",
+    "web.config_file": "web config file in the exporter-toolkit format: TLS and basic auth",
+    "queue.path": "the SQLite queue file (default gpuload-relay.db)",
+    "log.level": "debug, info, warning or error (default info)",
+    "log.format": "text or json (default text)",
+}
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="YAML configuration file (see docs/relay.md)",
+    )
+    parser.add_argument(
+        "--queue.path",
+        dest="queue.path",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help=FLAGS["queue.path"],
+    )
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register `relay` and its `queue` subcommand."""
+    relay = subparsers.add_parser(
+        "relay",
+        help="relay Alertmanager notifications to Slack, PagerDuty, Teams, chat robots, webhooks",
+        description="Accept Alertmanager webhook notifications, queue them durably and deliver "
+        "them to the configured targets. Settings come from flags > GPULOAD_RELAY_* "
+        "environment variables > the config file > defaults.",
+    )
+    _common(relay)
+    for key, text in FLAGS.items():
+        if key != "queue.path":
+            relay.add_argument(
+                flag_name(key),
+                dest=key,
+                metavar="VALUE",
+                default=argparse.SUPPRESS,
+                help=text,
+            )
+    commands = relay.add_subparsers(dest="relay_command")
+    queue = commands.add_parser(
+        "queue",
+        help="list, retry or drop queued notifications and dead letters",
+        description="Works on the queue file while the relay runs.",
+    )
+    actions = queue.add_subparsers(dest="queue_action", required=True)
+    listing = actions.add_parser("list", help="list queued notifications (--dead: dead letters)")
+    retry = actions.add_parser("retry", help="deliver a notification now (--dead: a dead letter)")
+    drop = actions.add_parser("drop", help="delete a notification (--dead: a dead letter)")
+    for action in (listing, retry, drop):
+        _common(action)
+        action.add_argument("--dead", action="store_true", help="work on the dead letters")
+    listing.add_argument("--json", action="store_true", help="print JSON")
+    for action in (retry, drop):
+        action.add_argument("id", type=int, help="the ID shown by `gpuload relay queue list`")
