@@ -150,8 +150,7 @@ class MetricsEndpoint:
         compressed = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", ""))
         key = (content_type, compressed)
         with self._lock:
-            encoded = key not in self._answers or self._snapshot is not snapshot
-            body = self._answer(snapshot, key, encoder)
+            body, encoded = self._answer(snapshot, key, encoder)
             generation = self._generation
             demand = self._demand.get(key)
             if demand is None:
@@ -184,9 +183,7 @@ class MetricsEndpoint:
             # Handed over even if an encoding failed: a scrape then encodes it, and says why.
             self._priming = None
             with self._lock:
-                if self._snapshot is not snapshot:
-                    self._snapshot, self._answers = snapshot, {}
-                    self._generation += 1
+                self._cache(snapshot)
                 self._answers.update(answers)
                 self._handed = snapshot
                 generation, current = self._generation, dict(self._answers)
@@ -206,15 +203,20 @@ class MetricsEndpoint:
         snapshot: Snapshot,
         key: tuple[str, bool],
         encoder: Callable[[CollectorRegistry], bytes],
-    ) -> bytes:
-        """The cached answer for `snapshot` in format `key`, encoded now if missing."""
+    ) -> tuple[bytes, bool]:
+        """The cached answer for `snapshot` in format `key` and whether it was encoded now."""
+        self._cache(snapshot)
+        body = self._answers.get(key)
+        if body is not None:
+            return body, False
+        body = self._answers[key] = _encoded(self._registry, key, encoder)
+        return body, True
+
+    def _cache(self, snapshot: Snapshot) -> None:
+        """Make `snapshot` the cached one: a new generation, no answers yet (lock held)."""
         if self._snapshot is not snapshot:
             self._snapshot, self._answers = snapshot, {}
             self._generation += 1
-        body = self._answers.get(key)
-        if body is None:
-            body = self._answers[key] = _encoded(self._registry, key, encoder)
-        return body
 
 
 def _encoded(
