@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import collections
 import gzip
-import http.client
 import math
 import multiprocessing
 import random
 import re
+import socket
 import subprocess
 import tempfile
 import time
@@ -26,18 +26,47 @@ PLAIN_HEADERS = {"Accept": "text/plain;version=0.0.4"}
 
 def scrape(port: int, headers: dict[str, str], path: str = "/metrics") -> tuple[float, bytes]:
     """One scrape on a fresh connection, as Prometheus's first scrape does; (seconds, body)."""
+    return request(port, "GET", path, headers)
+
+
+def request(
+    port: int, method: str, path: str, headers: dict[str, str], body: bytes = b""
+) -> tuple[float, bytes]:
+    """One HTTP/1.1 request on a fresh connection; (seconds, body), an error unless 200.
+
+    A plain socket client: Prometheus's and Alertmanager's Go clients spend microseconds on a
+    request, while http.client's request building and header parsing took half of the
+    measured scrape latency with 10 concurrent scrapers on 2 cores (bench/OPTIMIZATIONS.md,
+    item 21).
+    """
+    lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    if body:
+        lines.append(f"Content-Length: {len(body)}")
+    message = ("\r\n".join([*lines, "Connection: close", "", ""])).encode("ascii") + body
+    chunks = []
     started = time.perf_counter()
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        connection.request("GET", path, headers=headers)
-        answer = connection.getresponse()
-        body = answer.read()
-    finally:
-        connection.close()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as connection:
+        connection.sendall(message)
+        while chunk := connection.recv(1 << 18):
+            chunks.append(chunk)
     seconds = time.perf_counter() - started
-    if answer.status != 200:
-        raise RuntimeError(f"scrape answered {answer.status}")
-    return seconds, body
+    return seconds, _body(b"".join(chunks))
+
+
+def _body(answer: bytes) -> bytes:
+    """The body of a whole HTTP/1.x answer read to the end; an error unless 200 and complete."""
+    head, separator, body = answer.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    if not separator or status_line.split(" ")[1:2] != ["200"]:
+        raise RuntimeError(f"answered {status_line!r}")
+    headers = dict(line.lower().split(":", 1) for line in header_lines if ":" in line)
+    if "chunked" in headers.get("transfer-encoding", ""):
+        raise RuntimeError("answered with a chunked body, which this client does not read")
+    length = headers.get("content-length")
+    if length is not None and int(length) != len(body):
+        raise RuntimeError(f"answered {len(body)} of {int(length)} bytes")
+    return body
 
 
 def scrape_latencies(port: int, scrapers: int, per_scraper: int) -> list[float]:

@@ -165,7 +165,8 @@ def write_results(
         f"Machine: {machine()}.",
         "",
         "Columns and method: bench/README.md. Scrape latency is per request on a fresh "
-        "connection with Prometheus's headers (OpenMetrics preferred, gzip), 200 back-to-back "
+        "connection from a plain-socket client with Prometheus's headers (OpenMetrics "
+        "preferred, gzip), 200 back-to-back "
         "scrapes from 1 scraper and 30 from each of 10 concurrent scrapers (processes), and 400 "
         "spread at random over the collection cycles; CPU is the user+system time of the daemon "
         "and the processes it starts, over a window without scrapes; `w/o sim` leaves out the "
