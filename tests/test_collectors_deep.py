@@ -7,6 +7,7 @@ GPUs and drivers that lack the feature.
 from __future__ import annotations
 
 import contextlib
+import sys
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from prometheus_client import generate_latest
 from exporter import sim
 from exporter.collection import Collection, Snapshot
 from exporter.collectors import REGISTRY
+from exporter.nvml import Device
 from exporter.server.http import build_registry
 
 ALL_ON = {name: True for name in REGISTRY}
@@ -173,28 +175,36 @@ def test_nvlink_links_traffic_and_a_link_down() -> None:
 
 
 @pytest.mark.parametrize(
-    ("scenario", "gpus", "links", "counter_calls_per_link"),
-    # Replay and recovery as field values, CRC flit/data per call; all four per call on a
-    # driver without the fields.
-    [("h100-nvlink", 8, 18, 2), ("legacy-v100", 8, 6, 4)],
+    ("scenario", "gpus", "links", "counter_calls_per_link", "state_calls_per_link"),
+    # Link state, replay and recovery as field values, CRC flit/data per call; all of them per
+    # call on a driver without the fields.
+    [("h100-nvlink", 8, 18, 2, 0), ("legacy-v100", 8, 6, 4, 1)],
 )
-def test_nvlink_error_counters_use_field_values_where_the_driver_has_them(
-    scenario: str, gpus: int, links: int, counter_calls_per_link: int
+def test_nvlink_state_and_error_counters_use_field_values_where_the_driver_has_them(
+    scenario: str, gpus: int, links: int, counter_calls_per_link: int, state_calls_per_link: int
 ) -> None:
     with node(scenario, at=7200) as (_, collection, simulator):
         collection.run_cycle()
-        before = simulator.calls["nvmlDeviceGetNvLinkErrorCounter"]
+        before = dict(simulator.calls)
         samples = scrape(collection.run_cycle())
-        calls = simulator.calls["nvmlDeviceGetNvLinkErrorCounter"] - before
+        calls = {name: simulator.calls[name] - before.get(name, 0) for name in simulator.calls}
         handle = pynvml.nvmlDeviceGetHandleByIndex(gpus - 1)
         replay = pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, links - 1, 0)
         recovery = pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, links - 1, 1)
-    assert calls == gpus * links * counter_calls_per_link
+        states = [pynvml.nvmlDeviceGetNvLinkState(handle, link) for link in range(links)]
+    assert calls["nvmlDeviceGetNvLinkErrorCounter"] == gpus * links * counter_calls_per_link
+    assert calls.get("nvmlDeviceGetNvLinkState", 0) == gpus * links * state_calls_per_link
     last = {**labels_of(samples, str(gpus - 1)), "link": str(links - 1)}
     assert value_of(samples, "gpu_nvlink_replay_errors_total", **last) == replay
     assert value_of(samples, "gpu_nvlink_recovery_errors_total", **last) == recovery
     assert len(series(samples, "gpu_nvlink_replay_errors_total")) == gpus * links
     assert len(series(samples, "gpu_nvlink_crc_errors_total")) == gpus * links * 2
+    assert len(series(samples, "gpu_nvlink_link_up")) == gpus * links
+    up = [
+        value_of(samples, "gpu_nvlink_link_up", **{**last, "link": str(link)})
+        for link in range(links)
+    ]
+    assert up == [1 if state == pynvml.NVML_FEATURE_ENABLED else 0 for state in states]
     assert value_of(samples, "gpuload_collector_success", collector="nvlink") == 1
 
 
@@ -331,3 +341,30 @@ def test_more_processes_than_the_first_list_call_has_room_for(tmp_path: Path) ->
     utilization = series(samples, "gpu_process_sm_utilization_ratio")
     assert len(utilization) == 40
     assert sum(utilization.values()) == pytest.approx(0.8, abs=0.05)
+
+
+@pytest.mark.parametrize("slots", [128, 16])
+def test_utilization_samples_take_one_call_and_lose_none_when_the_buffer_is_short(
+    slots: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 16 slots: fewer than the 120 samples the simulated ring holds, so the first read fills its
+    # buffer and is done again the two-call way, as pynvml does it.
+    monkeypatch.setattr(sys.modules[Device.__module__], "_SAMPLE_SLOTS", slots)
+    with node("h100-nvlink", at=60) as (clock, collection, simulator):
+        collection.run_cycle()  # NVML initialised, as the daemon has it
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        device = Device(0, handle)
+        _, expected = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0)
+        before = simulator.calls["nvmlDeviceGetSamples"]
+        everything = device.utilization_samples("gpu", 0)
+        first_read = simulator.calls["nvmlDeviceGetSamples"] - before
+        clock.now += 1
+        newest = max(stamp for stamp, _ in everything)
+        before = simulator.calls["nvmlDeviceGetSamples"]
+        fresh = device.utilization_samples("gpu", newest)
+        second_read = simulator.calls["nvmlDeviceGetSamples"] - before
+    assert len(expected) == 120
+    assert everything == [(s.timeStamp, float(s.sampleValue.uiVal)) for s in expected]
+    assert first_read == (1 if slots > 120 else 3)
+    assert len(fresh) == 6 and min(stamp for stamp, _ in fresh) > newest
+    assert second_read == 1

@@ -32,8 +32,8 @@ phases:
 """
 
 # The C functions behind the slow reads: limits, maxima, error counters, remapping, versions.
+# (NVLink link states come with the field values, a call every cycle also makes.)
 SLOW_CALLS = {
-    "nvmlDeviceGetNvLinkState",
     "nvmlDeviceGetNvLinkErrorCounter",
     "nvmlDeviceGetTotalEccErrors",
     "nvmlDeviceGetEccMode",

@@ -1,13 +1,14 @@
 """NVLink: per-link state, traffic and error counters, on GPUs that have NVLink.
 
 Families (label `link`, the link index):
-    gpu_nvlink_link_up: nvmlDeviceGetNvLinkState.
     gpu_nvlink_transmit_bytes_total, gpu_nvlink_receive_bytes_total: field values
-        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX (KiB, scope = link).
-    gpu_nvlink_replay_errors_total, gpu_nvlink_recovery_errors_total: field values
-        NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY / _RECOVERY (scope = link), in the same one
-        nvmlDeviceGetFieldValues call per GPU as the traffic; where a driver answers
-        NOT_SUPPORTED for them, nvmlDeviceGetNvLinkErrorCounter DL_REPLAY / DL_RECOVERY per link.
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX (KiB, scope = link), every link in one
+        nvmlDeviceGetFieldValues call.
+    gpu_nvlink_link_up, gpu_nvlink_replay_errors_total, gpu_nvlink_recovery_errors_total:
+        field values NVML_FI_DEV_NVLINK_GET_STATE and NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY /
+        _RECOVERY (scope = link), every link in one call per slow interval; where a driver
+        answers NOT_SUPPORTED for a field, nvmlDeviceGetNvLinkState or
+        nvmlDeviceGetNvLinkErrorCounter DL_REPLAY / DL_RECOVERY for that link.
     gpu_nvlink_crc_errors_total{type="flit"|"data"}: nvmlDeviceGetNvLinkErrorCounter
         DL_CRC_FLIT / DL_CRC_DATA per link. The field NVML_FI_DEV_NVLINK_ERROR_DL_CRC is one
         "NVLink CRC Error Counter" (nvml.h), without the flit/data split this family has.
@@ -80,6 +81,8 @@ _ERROR_FIELDS = (
         pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
     ),
 )
+# Its value is NVML_FEATURE_ENABLED for an active link, as nvmlDeviceGetNvLinkState's is.
+_STATE_FIELD = pynvml.NVML_FI_DEV_NVLINK_GET_STATE
 _CRC_COUNTERS = (
     (pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, "flit"),
     (pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA, "data"),
@@ -124,12 +127,9 @@ class NvlinkCollector:
 
     def _link_health(self, device: Device, read: Reader) -> Iterator[Sample]:
         assert self._links is not None
-        for link in self._links:
-            active = read(partial(device.nvlink_active, link))
-            if active is not None:
-                yield Sample("gpu_nvlink_link_up", 1 if active else 0, (str(link),))
-        errors = [(family, field) for family, field, _ in _ERROR_FIELDS]
-        yield from self._fields(device, read, errors)
+        health = [("gpu_nvlink_link_up", _STATE_FIELD)]
+        health += [(family, field) for family, field, _ in _ERROR_FIELDS]
+        yield from self._fields(device, read, health)
         for link in self._links:
             for counter, kind in _CRC_COUNTERS:
                 count = read(partial(device.nvlink_error_count, link, counter))
@@ -139,7 +139,7 @@ class NvlinkCollector:
     def _fields(
         self, device: Device, read: Reader, per_link: list[tuple[str, int]]
     ) -> Iterator[Sample]:
-        """Field values of every link in one call: traffic, or replay/recovery errors."""
+        """Field values of every link in one call: traffic, or state and replay/recovery."""
         assert self._links is not None
         wanted = [(family, field, link) for family, field in per_link for link in self._links]
         fields = [(field, link) for _, field, link in wanted]
@@ -147,7 +147,17 @@ class NvlinkCollector:
         scale = {field: multiplier for _, field, multiplier in _THROUGHPUT}
         fallback = {field: counter for _, field, counter in _ERROR_FIELDS}
         for (family, field, link), value in zip(wanted, values, strict=True):
-            if value is None and field in fallback:
+            if field == _STATE_FIELD:
+                value = _link_up(device, read, link, value)
+            elif value is None and field in fallback:
                 value = read(partial(device.nvlink_error_count, link, fallback[field]))
             if value is not None:
                 yield Sample(family, value * scale.get(field, 1), (str(link),))
+
+
+def _link_up(device: Device, read: Reader, link: int, field: int | None) -> int | None:
+    """1 for an active link, from the state field, else from nvmlDeviceGetNvLinkState."""
+    if field is not None:
+        return int(field == pynvml.NVML_FEATURE_ENABLED)
+    active = read(partial(device.nvlink_active, link))
+    return None if active is None else int(active)

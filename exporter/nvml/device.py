@@ -122,6 +122,8 @@ def _mig_profile(name: str) -> str:
 # Room for this many entries in a list call's first try: one call where pynvml's wrappers make
 # two (the count, then the list). NVML answers INSUFFICIENT_SIZE, with the count, when more exist.
 _LIST_SLOTS = 32
+# The same for utilization samples: NVML's ring holds about 100 (~16 s at 6 per second).
+_SAMPLE_SLOTS = 128
 
 
 def _listed(name: str, entry: type[ctypes.Structure], call: Callable[..., int]) -> list[Any]:
@@ -154,6 +156,8 @@ class Device:
     def __init__(self, index: int, handle: Any) -> None:
         self.index = index
         self._handle = handle
+        # nvmlDeviceGetSamples buffer sizes by sample type, where the driver asked for more.
+        self._sample_slots: dict[int, int] = {}
 
     @property
     def handle(self) -> Any:
@@ -346,12 +350,9 @@ class Device:
         NVML keeps a ring of samples taken every 1/6 s to 1 s depending on the product;
         an empty list means no new sample since `since_us`.
         """
-        sample_type = _SAMPLE_TYPES[kind]
         try:
             with translated():
-                value_type, samples = pynvml.nvmlDeviceGetSamples(
-                    self._handle, sample_type, since_us
-                )
+                value_type, samples = self._samples(_SAMPLE_TYPES[kind], since_us)
         except NotSupported as error:
             if error.code == pynvml.NVML_ERROR_NOT_FOUND:
                 return []
@@ -360,6 +361,27 @@ class Device:
             (int(sample.timeStamp), float(_sample_number(sample.sampleValue, value_type)))
             for sample in samples
         ]
+
+    def _samples(self, sample_type: int, since_us: int) -> tuple[int, list[Any]]:
+        """Read nvmlDeviceGetSamples in one call where pynvml's wrapper makes two (count, read).
+
+        A buffer that comes back full may have left samples out: that read is done again the
+        two-call way, and the buffer keeps the larger size the driver gave.
+        """
+        function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetSamples")
+        value_type, count = ctypes.c_uint(0), ctypes.c_uint(0)
+        fixed = (ctypes.c_uint(sample_type), ctypes.c_ulonglong(since_us), ctypes.byref(value_type))
+        capacity = self._sample_slots.get(sample_type, _SAMPLE_SLOTS)
+        samples = (_Sample * capacity)()
+        count.value = capacity
+        pynvml._nvmlCheckReturn(function(self._handle, *fixed, ctypes.byref(count), samples))
+        if count.value >= capacity:
+            pynvml._nvmlCheckReturn(function(self._handle, *fixed, ctypes.byref(count), None))
+            capacity = self._sample_slots[sample_type] = max(count.value, capacity)
+            samples = (_Sample * capacity)()
+            count.value = capacity
+            pynvml._nvmlCheckReturn(function(self._handle, *fixed, ctypes.byref(count), samples))
+        return value_type.value, list(samples[: count.value])
 
     def pcie_throughput_kib_per_second(self, direction: str) -> int:
         """PCIe tx or rx KiB/s (nvmlDeviceGetPcieThroughput): blocks for its 20 ms window."""
@@ -492,6 +514,12 @@ class _FieldValue(ctypes.Structure):
     """
 
     _fields_ = pynvml.c_nvmlFieldValue_t._fields_
+
+
+class _Sample(ctypes.Structure):
+    """pynvml's c_nvmlSample_t without its per-attribute hooks (see `_FieldValue`)."""
+
+    _fields_ = pynvml.c_nvmlSample_t._fields_
 
 
 def _get_field_values(handle: Any, fields: Sequence[int | tuple[int, int]]) -> Any:

@@ -792,19 +792,31 @@ _NVLINK_LINK_COUNT = 91
 # NVML_FI_DEV_NVLINK_ERROR_DL_CRC, is left unsupported: nvml.h documents it only as "NVLink
 # CRC Error Counter", not whether it counts flit CRC, data CRC or both.
 _NVLINK_ERROR_FIELDS = {161: 0, 162: 1}
-_NVLINK_FIELDS = {*_NVLINK_THROUGHPUT_FIELDS, *_NVLINK_ERROR_FIELDS, _NVLINK_LINK_COUNT}
+# NVML_FI_DEV_NVLINK_GET_STATE (scope = link): NVML_FEATURE_ENABLED (1) for an active link, as
+# nvmlDeviceGetNvLinkState answers; NCCL reads it this way on Hopper.
+_NVLINK_STATE_FIELD = 165
+_NVLINK_FIELDS = {
+    *_NVLINK_THROUGHPUT_FIELDS,
+    *_NVLINK_ERROR_FIELDS,
+    _NVLINK_LINK_COUNT,
+    _NVLINK_STATE_FIELD,
+}
 
 
 def _nvlink_field(gpu: SimulatedGpu, field_id: int, link: int, t: float) -> tuple[int, float] | int:
-    """NVLink fields: the link count, or a link's throughput (KiB) or errors (scope = link)."""
+    """NVLink fields: the link count, or a link's traffic (KiB), errors or state (scope = link)."""
     if gpu.lacks("nvlink"):
         return NOT_SUPPORTED
     if field_id == _NVLINK_LINK_COUNT:
         return _UNSIGNED_INT, gpu.model.nvlink_links
     if field_id in _NVLINK_ERROR_FIELDS and gpu.lacks("nvlink_error_fields"):
         return NOT_SUPPORTED
+    if field_id == _NVLINK_STATE_FIELD and gpu.lacks("nvlink_state_field"):
+        return NOT_SUPPORTED
     if not 0 <= link < gpu.model.nvlink_links:
         return INVALID_ARGUMENT
+    if field_id == _NVLINK_STATE_FIELD:
+        return _UNSIGNED_INT, int(gpu.link_up(link, t))
     if field_id in _NVLINK_ERROR_FIELDS:
         return _UNSIGNED_LONG_LONG, gpu.link_errors(link, _NVLINK_ERROR_FIELDS[field_id], t)
     return _UNSIGNED_LONG_LONG, gpu.link_bytes(_NVLINK_THROUGHPUT_FIELDS[field_id], link, t) / 1024

@@ -8,7 +8,8 @@ the whole scenario, and an ``nvlink_down`` fault takes one down for its window; 
 fields 138/139 in :mod:`~exporter.sim.functions`). Error counters grow at the GPU's
 ``nvlink_errors_per_hour`` rates, on every link; replay and recovery are also the field values
 161/162 (NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY / _RECOVERY, scope = link), unless the GPU lacks
-``nvlink_error_fields`` (older drivers).
+``nvlink_error_fields`` (older drivers), and the link state is also field 165
+(NVML_FI_DEV_NVLINK_GET_STATE, scope = link) unless it lacks ``nvlink_state_field``.
 """
 
 from __future__ import annotations

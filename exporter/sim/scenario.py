@@ -154,6 +154,7 @@ FEATURES: dict[str, str] = {
     "events": "event registration (nvmlDeviceRegisterEvents, ...GetSupportedEventTypes)",
     "nvlink": "NVLink state, version, error counters, throughput fields (models with nvlink_links)",
     "nvlink_error_fields": "fields NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY / _RECOVERY (older drivers)",
+    "nvlink_state_field": "field NVML_FI_DEV_NVLINK_GET_STATE (older drivers)",
     "row_remapping": "nvmlDeviceGetRemappedRows (Ampere and newer data-centre GPUs)",
     "retired_pages": "nvmlDeviceGetRetiredPages(_v2) and ...PendingStatus (pre-Ampere data centre)",
 }

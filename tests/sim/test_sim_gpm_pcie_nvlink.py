@@ -308,15 +308,37 @@ def test_nvlink_error_fields_match_the_error_counter_calls(clock: ManualClock) -
     assert crc.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
 
 
+def test_nvlink_state_field_matches_the_state_call(clock: ManualClock) -> None:
+    install("h100-nvlink", clock=clock)
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(2)  # link 7 is down from 2 to 3 minutes
+    for at, down in ((60, set()), (150, {7})):
+        clock.at(at)
+        values = pynvml.nvmlDeviceGetFieldValues(
+            handle, [(pynvml.NVML_FI_DEV_NVLINK_GET_STATE, link) for link in range(18)]
+        )
+        assert {value.nvmlReturn for value in values} == {pynvml.NVML_SUCCESS}
+        states = [pynvml.nvmlDeviceGetNvLinkState(handle, link) for link in range(18)]
+        assert [value.value.uiVal for value in values] == states
+        assert {link for link, state in enumerate(states) if not state} == down
+    (past_the_last,) = pynvml.nvmlDeviceGetFieldValues(
+        handle, [(pynvml.NVML_FI_DEV_NVLINK_GET_STATE, 18)]
+    )
+    assert past_the_last.nvmlReturn == pynvml.NVML_ERROR_INVALID_ARGUMENT
+
+
 def test_older_driver_has_no_nvlink_error_fields_but_has_the_counters() -> None:
     install("legacy-v100", pinned_time=10.0)
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    (replay,) = pynvml.nvmlDeviceGetFieldValues(
-        handle, [(pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, 0)]
+    replay, state = pynvml.nvmlDeviceGetFieldValues(
+        handle,
+        [(pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, 0), (pynvml.NVML_FI_DEV_NVLINK_GET_STATE, 0)],
     )
     assert replay.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert state.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
     assert pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, 0, 0) == 0
+    assert pynvml.nvmlDeviceGetNvLinkState(handle, 0) == pynvml.NVML_FEATURE_ENABLED
 
 
 def test_nvlink_keys_are_validated(base_scenario: dict[str, Any], write_scenario: Writer) -> None:
