@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import partial
@@ -97,6 +97,8 @@ class _Gpu:
     device: Device | None = None
     identity: Identity | None = None
     collectors: dict[str, Any] = field(default_factory=dict)
+    # Reads its device answered NOT_SUPPORTED, skipped until the next slow cycle (`Reader`).
+    unsupported: set[Hashable] = field(default_factory=set)
     in_flight: Future[list[CollectorRun]] | None = None
     current_collector: str = ""
     profiling: str = "none"
@@ -104,10 +106,15 @@ class _Gpu:
 
 
 def run_collector(
-    name: str, collect: Callable[[Reader], Iterable[Sample]], *, slow_due: bool = True
+    name: str,
+    collect: Callable[[Reader], Iterable[Sample]],
+    *,
+    slow_due: bool = True,
+    device: Device | None = None,
+    unsupported: set[Hashable] | None = None,
 ) -> CollectorRun:
     """Run one collector behind the error boundary: nothing it raises escapes."""
-    read = Reader(slow_due=slow_due)
+    read = Reader(slow_due=slow_due, device=device, unsupported=unsupported)
     started = time.perf_counter()
     try:
         samples = tuple(collect(read))
@@ -277,6 +284,7 @@ class Collection:
             gpu.profiling = self._profiling(device)
             _close_all(gpu.collectors)
             gpu.collectors = self._build_collectors("device")
+            gpu.unsupported = set()
             self._problems.resolve(
                 ("gpu", gpu.index), "GPU %d (%s) is reporting", gpu.index, identity.uuid
             )
@@ -336,10 +344,18 @@ class Collection:
     def _collect_gpu(self, gpu: _Gpu, slow_due: bool) -> list[CollectorRun]:
         assert gpu.device is not None and gpu.identity is not None
         device, labels = gpu.device, (str(gpu.index), gpu.identity.uuid)
+        if slow_due:
+            gpu.unsupported = set()  # everything is asked again once per slow interval
         runs = []
         for name, collector in gpu.collectors.items():
             gpu.current_collector = name
-            run = run_collector(name, partial(collector.collect, device), slow_due=slow_due)
+            run = run_collector(
+                name,
+                partial(collector.collect, device),
+                slow_due=slow_due,
+                device=device,
+                unsupported=gpu.unsupported,
+            )
             runs.append(dataclasses.replace(run, gpu=gpu.index, labels=labels))
         gpu.current_collector = ""
         return runs

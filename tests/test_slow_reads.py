@@ -137,3 +137,52 @@ def test_a_failed_slow_read_is_retried_on_the_next_cycle(tmp_path: Path) -> None
         sim.uninstall()
     assert _value(failed, "gpu_power_limit_watts") is None
     assert _value(retried, "gpu_power_limit_watts") == 700
+
+
+# No fan (SXM boards) and no video encoder (H100): NVML answers NOT_SUPPORTED.
+UNSUPPORTED_ON_H100 = {"nvmlDeviceGetFanSpeed", "nvmlDeviceGetEncoderUtilization"}
+
+
+def test_reads_answered_not_supported_are_asked_again_only_once_per_slow_interval(
+    tmp_path: Path,
+) -> None:
+    clock, library, collection = _cycles(tmp_path, slow_interval=3600)
+    try:
+        first = _calls_per_cycle(library, collection)
+        clock.now += 1
+        later = _calls_per_cycle(library, collection)
+    finally:
+        collection.close()
+        sim.uninstall()
+    assert set(first) >= UNSUPPORTED_ON_H100 | FAST_CALLS
+    assert not UNSUPPORTED_ON_H100 & set(later), later
+    # The decoder, which the H100 has, is read every cycle.
+    assert set(later) >= FAST_CALLS | {"nvmlDeviceGetDecoderUtilization"}
+
+
+def test_a_value_that_was_not_supported_returns_at_the_next_slow_cycle(tmp_path: Path) -> None:
+    clock, library, collection = _cycles(
+        tmp_path,
+        slow_interval=1.5,
+        faults="""
+        faults:
+          - {kind: not_supported, calls: [nvmlDeviceGetPowerUsage], at: 0, until: 10}
+          - {kind: error, call: nvmlDeviceGetTemperatureV, error: NO_DATA, at: 0, until: 10}
+        """,
+    )
+    try:
+        absent = _scrape(collection.run_cycle())
+        clock.now = 20  # both faults are over
+        temperature_calls = library.calls["nvmlDeviceGetTemperatureV"]
+        not_yet = _scrape(collection.run_cycle())
+        # NO_DATA means "nothing right now": asked again at once, unlike NOT_SUPPORTED.
+        assert library.calls["nvmlDeviceGetTemperatureV"] == temperature_calls + 1
+        time.sleep(1.6)
+        back = _scrape(collection.run_cycle())
+    finally:
+        collection.close()
+        sim.uninstall()
+    assert _value(absent, "gpu_power_usage_watts") is None
+    assert _value(not_yet, "gpu_power_usage_watts") is None
+    assert _value(not_yet, "gpu_temperature_celsius", sensor="gpu") is not None
+    assert _value(back, "gpu_power_usage_watts") == 300

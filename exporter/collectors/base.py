@@ -9,9 +9,12 @@ without any central list to edit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal, Protocol, TypeVar
+
+import pynvml
 
 from exporter.nvml import Device, NotSupported, NvmlError
 
@@ -19,6 +22,10 @@ T = TypeVar("T")
 
 # Labels every per-GPU series carries; everything else descriptive is in gpu_info.
 GPU_LABELS = ("gpu", "uuid")
+# Answers that hold until the driver changes; NOT_FOUND and NO_DATA mean "nothing right now".
+_PERMANENTLY_ABSENT = frozenset(
+    {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND}
+)
 
 
 @dataclass(frozen=True)
@@ -47,15 +54,28 @@ class Reader:
     A value that does not exist (not supported, sentinel) comes back as None and
     is not an error. Any other NVML error also yields None, so the collector's
     other series go on, but is recorded for the error counters and the log.
+
+    A read of `device` that NVML answered NOT_SUPPORTED (no fan on an SXM board, no video
+    encoder on an H100) goes into `unsupported` and is not asked again while slow reads
+    are not due: the framework empties that set once per slow interval.
     """
 
-    def __init__(self, *, slow_due: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        slow_due: bool = True,
+        device: Device | None = None,
+        unsupported: set[Hashable] | None = None,
+    ) -> None:
         # Whether values that change rarely are to be read again this time (see `SlowReads`).
         self.slow_due = slow_due
         self.errors: list[NvmlError] = []
         self.invalid: list[str] = []
         # Why the last read gave None: an error, or None when the value is simply absent.
         self.last_error: NvmlError | None = None
+        # Without a set to keep them in, nothing is remembered.
+        self._device = device if unsupported is not None else None
+        self._unsupported: set[Hashable] = unsupported if unsupported is not None else set()
 
     def record(self, error: NvmlError) -> None:
         """Count an error that happened outside a read (e.g. in a collector's own thread)."""
@@ -66,9 +86,14 @@ class Reader:
     ) -> T | None:
         """Return `read()`, or None when the value is absent, failed or implausible."""
         self.last_error = None
+        key = _read_key(read, self._device)
+        if key is not None and key in self._unsupported:
+            return None
         try:
             value = read()
-        except NotSupported:
+        except NotSupported as error:
+            if key is not None and error.code in _PERMANENTLY_ABSENT:
+                self._unsupported.add(key)
             return None
         except NvmlError as error:
             self.errors.append(error)
@@ -78,6 +103,21 @@ class Reader:
             self.invalid.append(f"{what or getattr(read, '__name__', 'value')}={value!r}")
             return None
         return value
+
+
+def _read_key(read: Callable[[], object], device: Device | None) -> Hashable | None:
+    """(method, arguments) of a read of `device`'s own methods; None for any other read."""
+    function: Any = read
+    args: tuple[object, ...] = ()
+    if isinstance(function, partial) and not function.keywords:
+        function, args = function.func, function.args
+    if device is None or getattr(function, "__self__", None) is not device:
+        return None
+    try:
+        hash(args)
+    except TypeError:  # a list of fields, say: not worth remembering
+        return None
+    return (function.__func__, args)
 
 
 class SlowReads:
