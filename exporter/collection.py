@@ -346,17 +346,24 @@ class Collection:
         device, labels = gpu.device, (str(gpu.index), gpu.identity.uuid)
         if slow_due:
             gpu.unsupported = set()  # everything is asked again once per slow interval
+        fields = _fields_wanted(gpu.collectors, slow_due)
+        if fields:
+            gpu.current_collector = "field values"
+            device.read_fields_ahead(fields)
         runs = []
-        for name, collector in gpu.collectors.items():
-            gpu.current_collector = name
-            run = run_collector(
-                name,
-                partial(collector.collect, device),
-                slow_due=slow_due,
-                device=device,
-                unsupported=gpu.unsupported,
-            )
-            runs.append(dataclasses.replace(run, gpu=gpu.index, labels=labels))
+        try:
+            for name, collector in gpu.collectors.items():
+                gpu.current_collector = name
+                run = run_collector(
+                    name,
+                    partial(collector.collect, device),
+                    slow_due=slow_due,
+                    device=device,
+                    unsupported=gpu.unsupported,
+                )
+                runs.append(dataclasses.replace(run, gpu=gpu.index, labels=labels))
+        finally:
+            device.forget_fields_ahead()
         gpu.current_collector = ""
         return runs
 
@@ -530,6 +537,20 @@ class Collection:
             else:
                 self._problems.resolve(key, "collector %s on %s: recovered", run.name, where)
         return failed
+
+
+def _fields_wanted(collectors: Mapping[str, Any], slow_due: bool) -> list[Any]:
+    """The field values a GPU's collectors will read this cycle, to be read in one call."""
+    wanted: list[Any] = []
+    for name, collector in collectors.items():
+        fields = getattr(collector, "fields", None)
+        if fields is None:
+            continue
+        try:
+            wanted += fields(slow_due)
+        except Exception:  # then that collector reads its own fields
+            log.exception("collector %s: listing its field values failed", name)
+    return wanted
 
 
 def _close_all(collectors: Mapping[str, Any]) -> None:

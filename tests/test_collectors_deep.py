@@ -368,3 +368,63 @@ def test_utilization_samples_take_one_call_and_lose_none_when_the_buffer_is_shor
     assert first_read == (1 if slots > 120 else 3)
     assert len(fresh) == 6 and min(stamp for stamp, _ in fresh) > newest
     assert second_read == 1
+
+
+def test_a_gpus_field_values_are_read_in_one_call_a_cycle() -> None:
+    # NVLink traffic (18 links), PCIe bytes and the memory temperature; with the slow reads,
+    # link state and replay/recovery too. The first cycle finds the links, so NVLink reads its
+    # traffic and its link health in calls of their own there.
+    with node("h100-nvlink", at=60) as (clock, collection, simulator):
+        calls = []
+        for _ in range(3):
+            before = simulator.calls["nvmlDeviceGetFieldValues"]
+            samples = scrape(collection.run_cycle())
+            calls.append(simulator.calls["nvmlDeviceGetFieldValues"] - before)
+            clock.now += 1
+        handle = pynvml.nvmlDeviceGetHandleByIndex(7)
+        temperature = pynvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_MEMORY_TEMP])
+    assert calls == [3 * 8, 8, 8]
+    gpu7 = labels_of(samples, "7")
+    memory = value_of(samples, "gpu_temperature_celsius", **gpu7, sensor="memory")
+    assert memory == temperature[0].value.uiVal
+    assert len(series(samples, "gpu_nvlink_transmit_bytes_total")) == 8 * 18
+    assert len(series(samples, "gpu_nvlink_link_up")) == 8 * 18
+    assert value_of(samples, "gpu_pcie_receive_bytes_total", **gpu7) > 0
+
+
+def test_a_failed_field_values_call_is_an_error_of_each_collector_that_reads_fields(
+    tmp_path: Path,
+) -> None:
+    scenario = write(
+        tmp_path,
+        """
+        driver: {version: "550.90.07", cuda_version: 12040}
+        gpus:
+          - model: h100-sxm
+            count: 2
+        phases:
+          - duration: 1h
+            utilization: 0.5
+        faults:
+          - {kind: error, gpu: 0, call: nvmlDeviceGetFieldValues, error: UNKNOWN, at: 40}
+        """,
+    )
+    with node(scenario, at=30) as (clock, collection, simulator):
+        collection.run_cycle()
+        clock.now = 50
+        before = simulator.calls["nvmlDeviceGetFieldValues"]
+        samples = scrape(collection.run_cycle())
+        calls = simulator.calls["nvmlDeviceGetFieldValues"] - before
+    sick, well = labels_of(samples, "0"), labels_of(samples, "1")
+    # One error per read of fields, as when each collector made its own call: NVLink reads its
+    # traffic, and its state and error counters (slow reads, due every cycle here).
+    for collector, reads in (("temperature", 1), ("pcie", 1), ("nvlink", 2)):
+        errors = {"collector": collector, "error": "unknown"}
+        assert value_of(samples, "gpuload_nvml_errors_total", **errors) == reads, collector
+    # GPU 0 read ahead once and failed; its NVLink error counters fell back to their calls.
+    assert calls == 2
+    assert value_of(samples, "gpu_temperature_celsius", **sick, sensor="memory") is None
+    assert value_of(samples, "gpu_temperature_celsius", **sick, sensor="gpu") is not None
+    assert value_of(samples, "gpu_nvlink_replay_errors_total", **sick, link="0") is not None
+    assert value_of(samples, "gpu_temperature_celsius", **well, sensor="memory") is not None
+    assert value_of(samples, "gpu_pcie_transmit_bytes_total", **well) is not None

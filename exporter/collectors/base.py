@@ -154,6 +154,13 @@ class DeviceCollector(Protocol):
         """Yield this collector's samples for `device`."""
 
 
+# A collector may also define ``fields(slow_due) -> Sequence[FieldId]``: the field values its
+# next `collect` will read. The framework reads those of all its collectors in one
+# nvmlDeviceGetFieldValues call first (`Device.read_fields_ahead`), and `device.field_values`
+# serves them from it; a field not listed is still read, in a call of its own.
+FieldId = int | tuple[int, int]
+
+
 class NodeCollector(Protocol):
     """Reads node-wide values (the driver), once per cycle."""
 

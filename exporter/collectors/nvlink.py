@@ -24,7 +24,7 @@ from functools import partial
 
 import pynvml
 
-from exporter.collectors.base import Family, Reader, Sample, SlowReads, register
+from exporter.collectors.base import Family, FieldId, Reader, Sample, SlowReads, register
 from exporter.nvml import Device, NvmlError
 
 FAMILIES = (
@@ -114,6 +114,13 @@ class NvlinkCollector:
         self._links: list[int] | None = None
         # Link state and error counters change rarely: read once per slow interval.
         self._health = SlowReads()
+
+    def fields(self, slow_due: bool) -> list[FieldId]:
+        """Every link's traffic; its state and replay/recovery errors when slow reads are due."""
+        per_link = [field for _, field, _ in _THROUGHPUT]
+        if slow_due:
+            per_link += [_STATE_FIELD, *(field for _, field, _ in _ERROR_FIELDS)]
+        return [(field, link) for field in per_link for link in self._links or ()]
 
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Yield each link's state, bytes and errors."""

@@ -17,12 +17,12 @@ Families:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from functools import partial
 
 import pynvml
 
-from exporter.collectors.base import Family, Reader, Sample, SlowReads, register
+from exporter.collectors.base import Family, FieldId, Reader, Sample, SlowReads, register
 from exporter.nvml import Device
 
 FAMILIES = (
@@ -112,6 +112,10 @@ class PcieCollector:
         self._last_read: float | None = None
         # The link's capability and its replay counter change rarely: once per slow interval.
         self._health = SlowReads()
+
+    def fields(self, slow_due: bool) -> Sequence[FieldId]:
+        """The byte counters, unless this GPU lacks them."""
+        return _BYTE_FIELDS if self._source in (None, "fields") else ()
 
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Yield the link state and the replay counter."""

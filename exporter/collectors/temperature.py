@@ -14,7 +14,7 @@ from functools import partial
 
 import pynvml
 
-from exporter.collectors.base import Family, Reader, Sample, SlowReads, register
+from exporter.collectors.base import Family, FieldId, Reader, Sample, SlowReads, register
 from exporter.nvml import Device
 
 FAMILIES = (
@@ -56,6 +56,10 @@ class TemperatureCollector:
 
     def __init__(self) -> None:
         self._thresholds = SlowReads()
+
+    def fields(self, slow_due: bool) -> tuple[FieldId, ...]:
+        """The memory temperature, read with the other collectors' fields."""
+        return (pynvml.NVML_FI_DEV_MEMORY_TEMP,)
 
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Yield temperatures in degrees Celsius."""

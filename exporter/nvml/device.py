@@ -158,6 +158,9 @@ class Device:
         self._handle = handle
         # nvmlDeviceGetSamples buffer sizes by sample type, where the driver asked for more.
         self._sample_slots: dict[int, int] = {}
+        # This cycle's fields, read in one call (`read_fields_ahead`): the values, or the error.
+        self._fields_ahead: dict[tuple[int, int], Any] | NvmlError | None = None
+        self._fields_ahead_keys: frozenset[tuple[int, int]] = frozenset()
 
     @property
     def handle(self) -> Any:
@@ -326,23 +329,41 @@ class Device:
 
         Field calls report a status per field: an unsupported or unavailable field
         comes back as None without failing the others. Another per-field error
-        is raised as `NvmlError`.
+        is raised as `NvmlError`. Fields read ahead by `read_fields_ahead` are served
+        from that call.
         """
+        keys = [field if isinstance(field, tuple) else (field, 0) for field in fields]
+        ahead = self._fields_ahead
+        if isinstance(ahead, NvmlError):
+            if self._fields_ahead_keys.issuperset(keys):
+                raise ahead
+        elif ahead is not None and all(key in ahead for key in keys):
+            return _values_of([ahead[key] for key in keys])
         with translated():
-            results = _get_field_values(self._handle, fields)
-        values: list[int | None] = []
-        for field in results:
-            status = field.nvmlReturn
-            if status != pynvml.NVML_SUCCESS:  # the check raises; success, most fields, is free
-                try:
-                    with translated():
-                        pynvml._nvmlCheckReturn(status)
-                except NotSupported:
-                    values.append(None)
-                    continue
-            value = _field_number(field)
-            values.append(None if value == _sentinel_for(field.valueType) else value)
-        return values
+            return _values_of(_get_field_values(self._handle, keys))
+
+    def read_fields_ahead(self, fields: Sequence[int | tuple[int, int]]) -> None:
+        """Read `fields` in one call now, for the `field_values` calls of this cycle.
+
+        Collectors that each read a few fields then share one nvmlDeviceGetFieldValues call.
+        A failed call is kept too, and raised to each reader of those fields, as its own
+        call would have been. Only the GPU's own worker thread reads ahead, and it ends
+        with `forget_fields_ahead`.
+        """
+        keys = list(dict.fromkeys(f if isinstance(f, tuple) else (f, 0) for f in fields))
+        self._fields_ahead_keys = frozenset(keys)
+        try:
+            with translated():
+                results = _get_field_values(self._handle, keys)
+        except NvmlError as error:
+            self._fields_ahead = error
+            return
+        self._fields_ahead = dict(zip(keys, results, strict=True))
+
+    def forget_fields_ahead(self) -> None:
+        """Read fields from NVML again (see `read_fields_ahead`)."""
+        self._fields_ahead = None
+        self._fields_ahead_keys = frozenset()
 
     def utilization_samples(self, kind: str, since_us: int) -> list[tuple[int, float]]:
         """(timestamp µs, percent) samples newer than `since_us`; `kind` is gpu or memory.
@@ -522,13 +543,30 @@ class _Sample(ctypes.Structure):
     _fields_ = pynvml.c_nvmlSample_t._fields_
 
 
-def _get_field_values(handle: Any, fields: Sequence[int | tuple[int, int]]) -> Any:
+def _get_field_values(handle: Any, fields: Sequence[tuple[int, int]]) -> Any:
     """pynvml.nvmlDeviceGetFieldValues, filling an array of `_FieldValue`."""
     values = (_FieldValue * len(fields))()
     for slot, field in zip(values, fields, strict=True):
-        slot.fieldId, slot.scopeId = field if isinstance(field, tuple) else (field, 0)
+        slot.fieldId, slot.scopeId = field
     function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
     pynvml._nvmlCheckReturn(function(handle, ctypes.c_int32(len(fields)), ctypes.byref(values)))
+    return values
+
+
+def _values_of(results: Sequence[Any]) -> list[int | None]:
+    """Each field's number; None for an absent one; another per-field error is raised."""
+    values: list[int | None] = []
+    for field in results:
+        status = field.nvmlReturn
+        if status != pynvml.NVML_SUCCESS:  # the check raises; success, most fields, is free
+            try:
+                with translated():
+                    pynvml._nvmlCheckReturn(status)
+            except NotSupported:
+                values.append(None)
+                continue
+        value = _field_number(field)
+        values.append(None if value == _sentinel_for(field.valueType) else value)
     return values
 
 
