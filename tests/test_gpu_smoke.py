@@ -38,4 +38,7 @@ def test_gpu_smoke_passes_on_simulated_training_gpus() -> None:
     assert "reading" in output and "gpuload" in output and "nvidia-smi" in output, output
     assert "utilization.gpu [%]" in output, output
     assert "listening on http://127.0.0.1:" in output, output
+    # The shortcuts were compared on every simulated GPU.
+    assert output.count("the state field agrees") == output.count("  GPU ") > 0, output
+    assert "fields read ahead: agree" in output and "MISMATCH" not in output, output
     assert output.rstrip().splitlines()[-1].startswith("PASS"), output
