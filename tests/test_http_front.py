@@ -68,6 +68,19 @@ def test_a_front_that_dies_is_started_again(daemon: Daemon) -> None:
     assert daemon.process.poll() is None
 
 
+def test_head_of_metrics_answers_the_headers_of_a_scrape(daemon: Daemon) -> None:
+    scrape = daemon.get("/metrics")
+    head = requests.head(daemon.url + "metrics", timeout=10)
+    assert scrape.status_code == head.status_code == 200
+    assert head.headers["Content-Type"] == scrape.headers["Content-Type"]
+    assert int(head.headers["Content-Length"]) > 1000
+    assert head.content == b""
+    openmetrics = {"Accept": "application/openmetrics-text;version=1.0.0"}
+    head = requests.head(daemon.url + "metrics", headers=openmetrics, timeout=10)
+    assert head.status_code == 200
+    assert head.headers["Content-Type"].startswith("application/openmetrics-text")
+
+
 def test_the_front_ends_with_the_daemon() -> None:
     daemon = start_daemon("--simulate", "mixed")
     (front,) = front_pids(daemon)

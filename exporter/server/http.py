@@ -144,7 +144,8 @@ class MetricsEndpoint:
         """Answer a scrape from the cache when it can."""
         query = environ.get("QUERY_STRING", "")
         snapshot = self._handed or self._latest()
-        if environ.get("REQUEST_METHOD") != "GET" or "name" in query or snapshot is None:
+        method = environ.get("REQUEST_METHOD")
+        if method not in ("GET", "HEAD") or "name" in query or snapshot is None:
             return self._uncached(environ, start_response)
         encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
         compressed = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", ""))
@@ -153,9 +154,10 @@ class MetricsEndpoint:
             body, encoded = self._answer(snapshot, key, encoder)
             generation = self._generation
             demand = self._demand.get(key)
-            if demand is None:
+            # A HEAD (a health check, curl -I) is no scrape: no format is primed for it.
+            if method == "GET" and demand is None:
                 self._demand[key] = _Demand(encoder, generation, self._clock())
-            else:
+            elif method == "GET" and demand is not None:
                 demand.asked(generation, self._clock())
         if encoded and self.publish is not None:
             self.publish(generation, {key: body})
