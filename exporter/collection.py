@@ -349,7 +349,11 @@ class Collection:
         fields = _fields_wanted(gpu.collectors, slow_due)
         if fields:
             gpu.current_collector = "field values"
-            device.read_fields_ahead(fields)
+            try:
+                device.read_fields_ahead(fields)
+            except Exception:  # a malformed field list: each collector reads its own
+                log.exception("GPU %d: reading field values ahead failed", gpu.index)
+                device.forget_fields_ahead()
         runs = []
         try:
             for name, collector in gpu.collectors.items():

@@ -428,3 +428,17 @@ def test_a_failed_field_values_call_is_an_error_of_each_collector_that_reads_fie
     assert value_of(samples, "gpu_nvlink_replay_errors_total", **sick, link="0") is not None
     assert value_of(samples, "gpu_temperature_celsius", **well, sensor="memory") is not None
     assert value_of(samples, "gpu_pcie_transmit_bytes_total", **well) is not None
+
+
+def test_a_collector_listing_bad_fields_costs_only_the_shared_read() -> None:
+    # A collector whose field list cannot be read (a bug): the others still read theirs.
+    with node("h100-nvlink", at=60) as (_, collection, _sim):
+        collection.run_cycle()
+        gpu = collection._gpus[0]
+        gpu.collectors["temperature"].fields = lambda slow_due: ["not a field"]
+        samples = scrape(collection.run_cycle())
+    gpu0 = labels_of(samples, "0")
+    assert value_of(samples, "gpu_temperature_celsius", **gpu0, sensor="memory") is not None
+    assert value_of(samples, "gpu_pcie_transmit_bytes_total", **gpu0) is not None
+    assert value_of(samples, "gpu_up", **gpu0) == 1
+    assert value_of(samples, "gpuload_collector_success", collector="nvlink") == 1
