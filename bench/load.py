@@ -12,6 +12,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,23 +78,38 @@ def scrape_latencies(port: int, scrapers: int, per_scraper: int) -> list[float]:
     """
     if scrapers == 1:
         return _scrape_back_to_back(port, per_scraper)
+    latencies, _wall = in_processes(_scrape_back_to_back, [(port, per_scraper)] * scrapers)
+    return latencies
+
+
+def in_processes(
+    work: Callable[..., list[float]], arguments: list[tuple[Any, ...]]
+) -> tuple[list[float], float]:
+    """`work(*args)` in a forked process for each args, all started at once.
+
+    Returns their results joined, and the wall seconds from the start until the last ended.
+    """
     context = multiprocessing.get_context("fork")
-    start, results = context.Barrier(scrapers), context.SimpleQueue()
+    start, results = context.Barrier(len(arguments) + 1), context.SimpleQueue()
     processes = [
-        context.Process(target=_scrape_after, args=(start, results, port, per_scraper))
-        for _ in range(scrapers)
+        context.Process(target=_after, args=(start, results, work, args)) for args in arguments
     ]
     for process in processes:
         process.start()
+    start.wait()
+    started = time.perf_counter()
     runs = [results.get() for _ in processes]
+    wall = time.perf_counter() - started
     for process in processes:
         process.join()
-    return [seconds for run in runs for seconds in run]
+    return [value for run in runs for value in run], wall
 
 
-def _scrape_after(start: Any, results: Any, port: int, count: int) -> None:
+def _after(
+    start: Any, results: Any, work: Callable[..., list[float]], args: tuple[Any, ...]
+) -> None:
     start.wait()
-    results.put(_scrape_back_to_back(port, count))
+    results.put(work(*args))
 
 
 def _scrape_back_to_back(port: int, count: int) -> list[float]:

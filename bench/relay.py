@@ -8,7 +8,6 @@ once. Each notification has its own group key, so none is a duplicate of another
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import re
 import subprocess
@@ -111,35 +110,14 @@ def _post_each(port: int, bodies: list[bytes]) -> list[float]:
     return [load.request(port, "POST", "/alerts", headers, body)[0] for body in bodies]
 
 
-def _post_after(start: Any, results: Any, port: int, bodies: list[bytes]) -> None:
-    start.wait()
-    results.put(_post_each(port, bodies))
-
-
 def _send(port: int, senders: int, each: int, first: int) -> tuple[list[float], float]:
     """`senders` processes post `each` notifications back to back; (latencies, wall seconds).
 
     Processes, as Alertmanager is: sender threads in this process would share its GIL with
     each other and with the receiver, and that wait would count as the relay's.
     """
-    context = multiprocessing.get_context("fork")
-    start, results = context.Barrier(senders + 1), context.SimpleQueue()
-    processes = [
-        context.Process(
-            target=_post_after,
-            args=(start, results, port, [_notification(first + n * each + i) for i in range(each)]),
-        )
-        for n in range(senders)
-    ]
-    for process in processes:
-        process.start()
-    start.wait()
-    started = time.perf_counter()
-    runs = [results.get() for _ in processes]
-    wall = time.perf_counter() - started
-    for process in processes:
-        process.join()
-    return [seconds for run in runs for seconds in run], wall
+    bodies = [[_notification(first + n * each + i) for i in range(each)] for n in range(senders)]
+    return load.in_processes(_post_each, [(port, mine) for mine in bodies])
 
 
 def _start(config: Path) -> tuple[subprocess.Popen[str], int]:
