@@ -332,7 +332,7 @@ class Device:
         is raised as `NvmlError`. Fields read ahead by `read_fields_ahead` are served
         from that call.
         """
-        keys = [field if isinstance(field, tuple) else (field, 0) for field in fields]
+        keys = _field_keys(fields)
         ahead = self._fields_ahead
         if isinstance(ahead, NvmlError):
             if self._fields_ahead_keys.issuperset(keys):
@@ -350,7 +350,7 @@ class Device:
         call would have been. Only the GPU's own worker thread reads ahead, and it ends
         with `forget_fields_ahead`.
         """
-        keys = list(dict.fromkeys(f if isinstance(f, tuple) else (f, 0) for f in fields))
+        keys = list(dict.fromkeys(_field_keys(fields)))
         self._fields_ahead_keys = frozenset(keys)
         try:
             with translated():
@@ -392,16 +392,19 @@ class Device:
         function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetSamples")
         value_type, count = ctypes.c_uint(0), ctypes.c_uint(0)
         fixed = (ctypes.c_uint(sample_type), ctypes.c_ulonglong(since_us), ctypes.byref(value_type))
-        capacity = self._sample_slots.get(sample_type, _SAMPLE_SLOTS)
-        samples = (_Sample * capacity)()
-        count.value = capacity
-        pynvml._nvmlCheckReturn(function(self._handle, *fixed, ctypes.byref(count), samples))
-        if count.value >= capacity:
-            pynvml._nvmlCheckReturn(function(self._handle, *fixed, ctypes.byref(count), None))
-            capacity = self._sample_slots[sample_type] = max(count.value, capacity)
+
+        def fill(capacity: int) -> Any:
             samples = (_Sample * capacity)()
             count.value = capacity
             pynvml._nvmlCheckReturn(function(self._handle, *fixed, ctypes.byref(count), samples))
+            return samples
+
+        capacity = self._sample_slots.get(sample_type, _SAMPLE_SLOTS)
+        samples = fill(capacity)
+        if count.value >= capacity:
+            pynvml._nvmlCheckReturn(function(self._handle, *fixed, ctypes.byref(count), None))
+            capacity = self._sample_slots[sample_type] = max(count.value, capacity)
+            samples = fill(capacity)
         return value_type.value, list(samples[: count.value])
 
     def pcie_throughput_kib_per_second(self, direction: str) -> int:
@@ -551,6 +554,11 @@ def _get_field_values(handle: Any, fields: Sequence[tuple[int, int]]) -> Any:
     function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
     pynvml._nvmlCheckReturn(function(handle, ctypes.c_int32(len(fields)), ctypes.byref(values)))
     return values
+
+
+def _field_keys(fields: Sequence[int | tuple[int, int]]) -> list[tuple[int, int]]:
+    """(field id, scope) of each field; a bare id has scope 0."""
+    return [field if isinstance(field, tuple) else (field, 0) for field in fields]
 
 
 def _values_of(results: Sequence[Any]) -> list[int | None]:
