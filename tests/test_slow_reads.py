@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from helpers import Clock, parse_metrics, series, value_of
@@ -60,14 +62,20 @@ def _scrape(snapshot: Snapshot) -> dict:
     return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
 
 
+@contextlib.contextmanager
 def _cycles(
     tmp_path: Path, slow_interval: float, faults: str = ""
-) -> tuple[Clock, SimulatedNvml, Collection]:
+) -> Iterator[tuple[Clock, SimulatedNvml, Collection]]:
     path = tmp_path / "scenario.yaml"
     path.write_text(textwrap.dedent(SCENARIO) + textwrap.dedent(faults))
     clock = Clock(5)
     library = sim.install(path, clock=clock, epoch=0)
-    return clock, library, Collection(ALL_ON, timeout=5, slow_interval=slow_interval)
+    collection = Collection(ALL_ON, timeout=5, slow_interval=slow_interval)
+    try:
+        yield clock, library, collection
+    finally:
+        collection.close()
+        sim.uninstall()
 
 
 def _calls_per_cycle(library: SimulatedNvml, collection: Collection) -> Counter[str]:
@@ -79,8 +87,7 @@ def _calls_per_cycle(library: SimulatedNvml, collection: Collection) -> Counter[
 def test_slow_values_are_read_once_and_served_again_until_the_interval_passes(
     tmp_path: Path,
 ) -> None:
-    clock, library, collection = _cycles(tmp_path, slow_interval=3600)
-    try:
+    with _cycles(tmp_path, slow_interval=3600) as (clock, library, collection):
         first = _calls_per_cycle(library, collection)
         assert set(first) >= SLOW_CALLS
         at_start = _scrape(collection.snapshot)
@@ -89,9 +96,6 @@ def test_slow_values_are_read_once_and_served_again_until_the_interval_passes(
         assert not SLOW_CALLS & set(later), later
         assert set(later) >= FAST_CALLS
         served = _scrape(collection.snapshot)
-    finally:
-        collection.close()
-        sim.uninstall()
     # Every series is still there (GPM adds its own from the second cycle), the slow ones with
     # the values read first.
     assert set(at_start) <= set(served)
@@ -103,23 +107,19 @@ def test_slow_values_are_read_once_and_served_again_until_the_interval_passes(
 
 
 def test_slow_values_are_read_again_once_the_interval_has_passed(tmp_path: Path) -> None:
-    clock, library, collection = _cycles(tmp_path, slow_interval=0.05)
-    try:
+    with _cycles(tmp_path, slow_interval=0.05) as (clock, library, collection):
         collection.run_cycle()
         before = _value(_scrape(collection.snapshot), "gpu_nvlink_replay_errors_total", link="0")
         clock.now += 60
         time.sleep(0.1)
         calls = _calls_per_cycle(library, collection)
         after = _value(_scrape(collection.snapshot), "gpu_nvlink_replay_errors_total", link="0")
-    finally:
-        collection.close()
-        sim.uninstall()
     assert set(calls) >= SLOW_CALLS
     assert before is not None and after is not None and after > before
 
 
 def test_a_failed_slow_read_is_retried_on_the_next_cycle(tmp_path: Path) -> None:
-    clock, _library, collection = _cycles(
+    with _cycles(
         tmp_path,
         slow_interval=3600,
         faults="""
@@ -127,14 +127,10 @@ def test_a_failed_slow_read_is_retried_on_the_next_cycle(tmp_path: Path) -> None
           - {kind: error, gpu: 0, call: nvmlDeviceGetEnforcedPowerLimit, error: UNKNOWN,
              at: 0, until: 10}
         """,
-    )
-    try:
+    ) as (clock, _library, collection):
         failed = _scrape(collection.run_cycle())
         clock.now = 20
         retried = _scrape(collection.run_cycle())
-    finally:
-        collection.close()
-        sim.uninstall()
     assert _value(failed, "gpu_power_limit_watts") is None
     assert _value(retried, "gpu_power_limit_watts") == 700
 
@@ -146,14 +142,10 @@ UNSUPPORTED_ON_H100 = {"nvmlDeviceGetFanSpeed", "nvmlDeviceGetEncoderUtilization
 def test_reads_answered_not_supported_are_asked_again_only_once_per_slow_interval(
     tmp_path: Path,
 ) -> None:
-    clock, library, collection = _cycles(tmp_path, slow_interval=3600)
-    try:
+    with _cycles(tmp_path, slow_interval=3600) as (clock, library, collection):
         first = _calls_per_cycle(library, collection)
         clock.now += 1
         later = _calls_per_cycle(library, collection)
-    finally:
-        collection.close()
-        sim.uninstall()
     assert set(first) >= UNSUPPORTED_ON_H100 | FAST_CALLS
     assert not UNSUPPORTED_ON_H100 & set(later), later
     # The decoder, which the H100 has, is read every cycle.
@@ -161,7 +153,7 @@ def test_reads_answered_not_supported_are_asked_again_only_once_per_slow_interva
 
 
 def test_a_value_that_was_not_supported_returns_at_the_next_slow_cycle(tmp_path: Path) -> None:
-    clock, library, collection = _cycles(
+    with _cycles(
         tmp_path,
         slow_interval=1.5,
         faults="""
@@ -169,8 +161,7 @@ def test_a_value_that_was_not_supported_returns_at_the_next_slow_cycle(tmp_path:
           - {kind: not_supported, calls: [nvmlDeviceGetPowerUsage], at: 0, until: 10}
           - {kind: error, call: nvmlDeviceGetTemperatureV, error: NO_DATA, at: 0, until: 10}
         """,
-    )
-    try:
+    ) as (clock, library, collection):
         absent = _scrape(collection.run_cycle())
         clock.now = 20  # both faults are over
         temperature_calls = library.calls["nvmlDeviceGetTemperatureV"]
@@ -179,9 +170,6 @@ def test_a_value_that_was_not_supported_returns_at_the_next_slow_cycle(tmp_path:
         assert library.calls["nvmlDeviceGetTemperatureV"] == temperature_calls + 1
         time.sleep(1.6)
         back = _scrape(collection.run_cycle())
-    finally:
-        collection.close()
-        sim.uninstall()
     assert _value(absent, "gpu_power_usage_watts") is None
     assert _value(not_yet, "gpu_power_usage_watts") is None
     assert _value(not_yet, "gpu_temperature_celsius", sensor="gpu") is not None
