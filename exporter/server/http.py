@@ -155,10 +155,11 @@ class MetricsEndpoint:
             generation = self._generation
             demand = self._demand.get(key)
             # A HEAD (a health check, curl -I) is no scrape: no format is primed for it.
-            if method == "GET" and demand is None:
-                self._demand[key] = _Demand(encoder, generation, self._clock())
-            elif method == "GET" and demand is not None:
-                demand.asked(generation, self._clock())
+            if method == "GET":
+                if demand is None:
+                    self._demand[key] = _Demand(encoder, generation, self._clock())
+                else:
+                    demand.asked(generation, self._clock())
         if encoded and self.publish is not None:
             self.publish(generation, {key: body})
         headers = [("Content-Type", content_type)]
