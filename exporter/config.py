@@ -71,6 +71,8 @@ class AlertingConfig:
     instance: str | None = None
     job: str = "gpuload"
     thresholds_file: str | None = None
+    # Seconds between evaluations of the rules (the history takes every cycle's samples).
+    evaluation_interval: float = 15.0
 
 
 @dataclass(frozen=True)
@@ -341,7 +343,7 @@ def load_web_config(path: str, where: str) -> WebSecurity:
 
 # The queue file of local alerts, unless `alerting.queue.path` says otherwise.
 DEFAULT_ALERT_QUEUE = "gpuload-alerts.db"
-_ALERTING_KEYS = {"instance", "job", "thresholds_file"}
+_ALERTING_KEYS = {"instance", "job", "thresholds_file", "evaluation_interval"}
 
 
 def _alerting(tree: Any, base: Path, environ: Mapping[str, str]) -> AlertingConfig:
@@ -351,6 +353,14 @@ def _alerting(tree: Any, base: Path, environ: Mapping[str, str]) -> AlertingConf
     if not isinstance(tree, Mapping):
         raise ConfigError("config file alerting: expected a mapping (targets, route, queue, ...)")
     own = {key: tree[key] for key in _ALERTING_KEYS if key in tree}
+    evaluation_interval = own.pop("evaluation_interval", AlertingConfig.evaluation_interval)
+    try:
+        evaluation_interval = parse_duration(evaluation_interval)
+    except ValueError as error:
+        raise ConfigError(
+            f"config file alerting.evaluation_interval: {evaluation_interval!r} is not valid: "
+            f"{error}"
+        ) from None
     for key, value in own.items():
         if not isinstance(value, str) or not value:
             raise ConfigError(f"config file alerting.{key}: {value!r} is not valid: expected text")
@@ -373,6 +383,7 @@ def _alerting(tree: Any, base: Path, environ: Mapping[str, str]) -> AlertingConf
         instance=own.get("instance"),
         job=own.get("job", "gpuload"),
         thresholds_file=thresholds_file,
+        evaluation_interval=evaluation_interval,
     )
 
 

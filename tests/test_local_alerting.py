@@ -174,6 +174,45 @@ def test_an_alert_is_pending_then_firing_then_resolved_through_the_relay_queue(
     assert states == ["delivered", "delivered"]
 
 
+def test_rules_are_evaluated_once_per_evaluation_interval_on_every_cycle_s_history() -> None:
+    # GPUFellOffBus holds for 1m; cycles come every 5 s, evaluations every 15 s.
+    evaluator = Evaluator(thresholds.load(), instance="n1:19400", interval=15)
+    states = {}
+    for t in range(0, 80, 5):
+        changed = evaluator.observe(_gpu_up(0 if t < 70 else 1), t)
+        states[t] = ([a.state for a in changed], [a.state for a in evaluator.alerts()])
+    assert states[0] == ([], ["pending"])
+    # 60 s held, but the next evaluation is at 60 only if one was at 45: 0, 15, 30, 45, 60.
+    assert states[55] == ([], ["pending"])
+    assert states[60] == (["firing"], ["firing"])
+    # Up again at 70: still firing until the evaluation at 75 sees it.
+    assert states[70] == ([], ["firing"])
+    assert states[75] == (["resolved"], [])
+    # Every cycle's samples are in the history (gpu_up's horizon is a minute), not only the
+    # evaluated ones.
+    (points,) = evaluator.history.points("gpu_up", 0, 80).values()
+    assert [t for t, _ in points] == list(range(15, 80, 5))
+
+
+def test_an_evaluation_is_not_skipped_when_the_clock_goes_back() -> None:
+    evaluator = Evaluator(thresholds.load(), instance="n1:19400", interval=15)
+    evaluator.observe(_gpu_up(1), 1000)
+    evaluator.observe(_gpu_up(0), 1005)
+    assert evaluator.alerts() == []  # 1005 is inside the interval: not evaluated
+    evaluator.observe(_gpu_up(0), 400)  # the wall clock was set back
+    assert [a.state for a in evaluator.alerts()] == ["pending"]
+
+
+def test_the_evaluation_interval_is_read_from_the_alerting_section(tmp_path: Path) -> None:
+    path = tmp_path / "gpuload.yaml"
+    assert config.load(file=None).alerting.evaluation_interval == 15
+    path.write_text(yaml.safe_dump({"alerting": {"evaluation_interval": "500ms"}}))
+    assert config.load(file=path).alerting.evaluation_interval == 0.5
+    path.write_text(yaml.safe_dump({"alerting": {"evaluation_interval": "soon"}}))
+    with pytest.raises(config.ConfigError, match=r"alerting\.evaluation_interval: 'soon'"):
+        config.load(file=path)
+
+
 def test_serve_delivers_a_critical_xid_from_its_own_samples(
     tmp_path: Path, receiver: Receiver, daemon_factory
 ) -> None:
@@ -184,6 +223,7 @@ def test_serve_delivers_a_critical_xid_from_its_own_samples(
                     "targets": {"hook": {"type": "webhook", "url": receiver.url}},
                     "route": {"targets": ["hook"]},
                     "queue": {"path": str(tmp_path / "alerts.db")},
+                    "evaluation_interval": "200ms",
                 }
             }
         )

@@ -570,6 +570,7 @@ class Evaluator:
         job: str = "gpuload",
         history: History | None = None,
         also_keep: Iterable[str] = (),
+        interval: float = 0.0,
     ) -> None:
         self.thresholds = thresholds
         self.target_labels = (("instance", instance), ("job", job))
@@ -581,10 +582,21 @@ class Evaluator:
         self._failing: set[str] = set()
         # A series' labels with the target's, as the same series come back every cycle.
         self._targeted: dict[Labels, Labels] = {}
+        # Seconds between evaluations, as Prometheus's evaluation_interval (0: every observe).
+        self.interval = interval
+        self._evaluated_at: float | None = None
 
     def observe(self, samples: Iterable[Sample], at: float) -> list[Alert]:
-        """Add one collection's samples, evaluate, return the alerts that fired or resolved."""
+        """Add one collection's samples; evaluate if due; return what fired or resolved.
+
+        An evaluation is due once the interval has passed since the last one, or when the clock
+        has gone back.
+        """
         self.history.add((self._with_target(sample) for sample in samples), at)
+        last = self._evaluated_at
+        if last is not None and last <= at < last + self.interval:
+            return []
+        self._evaluated_at = at
         return self.evaluate(at)
 
     def _with_target(self, sample: Sample) -> Sample:

@@ -1,4 +1,9 @@
-"""Local alerting inside `gpuload serve`: history, evaluator and delivery, fed after each cycle."""
+"""Local alerting inside `gpuload serve`: history, evaluator and delivery, fed after each cycle.
+
+Every cycle's samples go into the history; the rules are evaluated once per evaluation interval
+(`alerting.evaluation_interval`, 15 s by default, as Prometheus evaluates its rules): over a full
+5-minute window, evaluating is the costliest part of local alerting (`python -m bench.evaluation`).
+"""
 
 from __future__ import annotations
 
@@ -42,8 +47,15 @@ class LocalAlerting:
         job: str = "gpuload",
         notifier: Notifier | None = None,
         also_keep: Iterable[str] = (),
+        evaluation_interval: float = 0.0,
     ) -> None:
-        self.evaluator = Evaluator(thresholds, instance=instance, job=job, also_keep=also_keep)
+        self.evaluator = Evaluator(
+            thresholds,
+            instance=instance,
+            job=job,
+            also_keep=also_keep,
+            interval=evaluation_interval,
+        )
         self.notifier = notifier
 
     @property
