@@ -34,6 +34,9 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--only", choices=("gpuload", "nvitop"), help="run one exporter")
     parser.add_argument("--nodes", nargs="*", help="scenario names to run (default: all)")
     parser.add_argument("--no-relay", action="store_true", help="skip the relay benchmark")
+    parser.add_argument(
+        "--no-evaluation", action="store_true", help="skip the local alerting benchmark"
+    )
     parser.add_argument("--no-write", action="store_true", help="do not rewrite RESULTS.md")
     return parser.parse_args()
 
@@ -146,6 +149,12 @@ def main() -> int:
 
         print("relay ...", flush=True)
         relay_rows = relay.run(quick=args.quick)
+    evaluation_table = ""
+    if not args.no_evaluation:
+        from bench import evaluation
+
+        print("local alerting ...", flush=True)
+        evaluation_table = evaluation.table(evaluation.run(rounds=3 if args.quick else 5))
     seconds = time.monotonic() - started
     table = report.table(rows)
     relay_table = report.relay_table(relay_rows)
@@ -153,9 +162,19 @@ def main() -> int:
     print(table)
     print()
     print(relay_table)
+    print()
+    print(evaluation_table)
     print(f"\n{seconds:.0f} s in all")
     if not args.no_write:
-        report.write_results(table, relay_table, rows, relay_rows, seconds, " ".join(sys.argv[1:]))
+        report.write_results(
+            table,
+            relay_table,
+            evaluation_table,
+            rows,
+            relay_rows,
+            seconds,
+            " ".join(sys.argv[1:]),
+        )
         print(f"wrote {report.RESULTS}")
     return 0
 

@@ -55,7 +55,7 @@ def _evaluator(interval: float) -> Evaluator:
     )
 
 
-def run(rounds: int, cycles: int, warm: float) -> dict[float, list[float]]:
+def run(rounds: int = 5, cycles: int = 60, warm: float = 400) -> dict[float, list[float]]:
     """CPU ms per cycle of each interval, one figure per round."""
     samples = node_samples(5)
     evaluators = {interval: _evaluator(interval) for interval in INTERVALS}
@@ -77,6 +77,20 @@ def run(rounds: int, cycles: int, warm: float) -> dict[float, list[float]]:
     return figures
 
 
+def table(figures: dict[float, list[float]]) -> str:
+    """The figures as a markdown table, with the ratio of the medians under it."""
+    lines = [
+        "| evaluation interval | local alerting CPU ms per 1 s cycle, median | each round |",
+        "|---|---|---|",
+    ]
+    for interval, values in figures.items():
+        rounds = ", ".join(f"{v:.2f}" for v in values)
+        lines.append(f"| {interval:g} s | {statistics.median(values):.2f} | {rounds} |")
+    every, default = (statistics.median(figures[i]) for i in INTERVALS)
+    lines += ["", f"Every cycle / every 15 s: {every / default:.1f}x."]
+    return "\n".join(lines)
+
+
 def main() -> int:
     """Run the rounds and print the table."""
     parser = argparse.ArgumentParser(prog="python -m bench.evaluation", description=__doc__)
@@ -84,14 +98,7 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=60, help="simulated 1 s cycles per round")
     parser.add_argument("--warm", type=float, default=400, help="seconds of history first")
     args = parser.parse_args()
-    figures = run(args.rounds, args.cycles, args.warm)
-    print("| evaluation interval | CPU ms per 1 s cycle, median | rounds |")
-    print("|---|---|---|")
-    for interval, values in figures.items():
-        rounds = ", ".join(f"{v:.2f}" for v in values)
-        print(f"| {interval:g} s | {statistics.median(values):.2f} | {rounds} |")
-    every, default = (statistics.median(figures[i]) for i in INTERVALS)
-    print(f"\nratio every cycle / every 15 s: {every / default:.1f}x")
+    print(table(run(args.rounds, args.cycles, args.warm)))
     return 0
 
 

@@ -9,13 +9,12 @@ until it finishes, so a wedged driver call never piles up threads.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -34,6 +33,12 @@ log = logging.getLogger(__name__)
 _REINIT_CODES = {"uninitialized", "driver_not_loaded", "lib_rm_version_mismatch"}
 _BACKOFF_START_SECONDS = 1.0
 _BACKOFF_MAX_SECONDS = 60.0
+# GPUs collected at once while NVML answers fast: each call hands the GIL to another thread,
+# and more threads queueing for it cost CPU without shortening the cycle. Once none of them has
+# finished for _WIDEN_AFTER seconds (a slow or hung driver), the rest all start: then waiting
+# in parallel is what keeps the cycle as short as the slowest GPU.
+_LANES = 2
+_WIDEN_AFTER = 0.005
 
 
 @dataclass(frozen=True)
@@ -112,8 +117,13 @@ def run_collector(
     slow_due: bool = True,
     device: Device | None = None,
     unsupported: set[Hashable] | None = None,
+    gpu: int | None = None,
+    labels: tuple[str, ...] = (),
 ) -> CollectorRun:
-    """Run one collector behind the error boundary: nothing it raises escapes."""
+    """Run one collector behind the error boundary: nothing it raises escapes.
+
+    ``gpu`` and ``labels`` (the GPU's identity labels) are put in the run as they are.
+    """
     read = Reader(slow_due=slow_due, device=device, unsupported=unsupported)
     started = time.perf_counter()
     try:
@@ -126,6 +136,8 @@ def run_collector(
     return CollectorRun(
         name=name,
         samples=samples,
+        gpu=gpu,
+        labels=labels,
         errors=tuple(read.errors),
         invalid=tuple(read.invalid),
         exception=exception,
@@ -308,18 +320,25 @@ class Collection:
     # Collection
 
     def _collect_all(self, slow_due: bool) -> list[CollectorRun]:
-        assert self._executor is not None
-        pending: dict[Future[list[CollectorRun]], _Gpu] = {}
-        for gpu in self._gpus.values():
-            if gpu.device is not None and gpu.in_flight is None:
-                gpu.in_flight = self._executor.submit(self._collect_gpu, gpu, slow_due)
-            if gpu.in_flight is not None:
-                pending[gpu.in_flight] = gpu
+        deadline = time.monotonic() + self._timeout
+        # GPUs still stuck in a call from an earlier cycle are waited for, not started again.
+        pending: dict[Future[list[CollectorRun]], _Gpu] = {
+            gpu.in_flight: gpu for gpu in self._gpus.values() if gpu.in_flight is not None
+        }
+        queue = [
+            gpu for gpu in self._gpus.values() if gpu.device is not None and gpu.in_flight is None
+        ]
+        running = {self._start(gpu, slow_due, pending) for gpu in queue[:_LANES]}
+        del queue[:_LANES]
         node_runs = [
             run_collector(name, collector.collect, slow_due=slow_due)
             for name, collector in self._node_collectors.items()
         ]
-        wait(pending, timeout=self._timeout)
+        while queue and time.monotonic() < deadline:
+            done, running = wait(running, timeout=_WIDEN_AFTER, return_when=FIRST_COMPLETED)
+            starting, queue = (queue[: len(done)], queue[len(done) :]) if done else (queue, [])
+            running |= {self._start(gpu, slow_due, pending) for gpu in starting}
+        wait(pending, timeout=max(0.0, deadline - time.monotonic()))
         runs = list(node_runs)
         lost_driver = False
         for future, gpu in pending.items():
@@ -340,6 +359,14 @@ class Collection:
         if lost_driver:
             self._reinit()
         return runs
+
+    def _start(
+        self, gpu: _Gpu, slow_due: bool, pending: dict[Future[list[CollectorRun]], _Gpu]
+    ) -> Future[list[CollectorRun]]:
+        assert self._executor is not None
+        future = gpu.in_flight = self._executor.submit(self._collect_gpu, gpu, slow_due)
+        pending[future] = gpu
+        return future
 
     def _collect_gpu(self, gpu: _Gpu, slow_due: bool) -> list[CollectorRun]:
         assert gpu.device is not None and gpu.identity is not None
@@ -364,8 +391,10 @@ class Collection:
                     slow_due=slow_due,
                     device=device,
                     unsupported=gpu.unsupported,
+                    gpu=gpu.index,
+                    labels=labels,
                 )
-                runs.append(dataclasses.replace(run, gpu=gpu.index, labels=labels))
+                runs.append(run)
         finally:
             device.forget_fields_ahead()
         gpu.current_collector = ""

@@ -1,0 +1,155 @@
+"""How many GPUs are collected at once: two while NVML is fast, all of them once it is slow.
+
+Which GPUs were being collected at the same moment is seen at the driver boundary: each GPU's
+collection runs from its first NVML call of the cycle to its last, as the simulated library
+records them (time, GPU) for every call that names a device handle.
+"""
+
+from __future__ import annotations
+
+import statistics
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pynvml
+from helpers import parse_metrics, series, value_of
+from prometheus_client import generate_latest
+
+from exporter import sim
+from exporter.collection import Collection, Snapshot
+from exporter.collectors import REGISTRY
+from exporter.server.http import build_registry
+from exporter.sim.library import SimulatedNvml
+
+
+def _scenario(tmp_path: Path, gpus: int, latency: str, faults: str = "") -> Path:
+    path = tmp_path / "lanes.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""
+            name: lanes
+            driver: {{version: "550.90.07", cuda_version: 12040, latency: {{default: {latency}}}}}
+            gpus:
+              - {{model: h100-sxm, count: {gpus}}}
+            phases:
+              - {{duration: 1h, utilization: 0.5, power: 300W}}
+            """
+        )
+        + textwrap.dedent(faults)
+    )
+    return path
+
+
+class _Recorder:
+    """Stands in for pynvml.nvmlLib in front of the simulator; notes (time, GPU) of each call."""
+
+    def __init__(self, library: SimulatedNvml) -> None:
+        self._library = library
+        self.calls: list[tuple[float, int]] = []
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        function = getattr(self._library, name)
+
+        def call(*args: Any) -> Any:
+            gpu = self._gpu(args)
+            if gpu is not None:
+                with self._lock:
+                    self.calls.append((time.perf_counter(), gpu))
+            result = function(*args)
+            if gpu is not None:
+                with self._lock:
+                    self.calls.append((time.perf_counter(), gpu))
+            return result
+
+        return call
+
+    def _gpu(self, args: tuple[Any, ...]) -> int | None:
+        if not args or not isinstance(args[0], pynvml.c_nvmlDevice_t):
+            return None
+        device = self._library.gpu_by_handle(args[0])
+        return None if isinstance(device, int) else device.index
+
+    def most_at_once(self) -> int:
+        """The most GPUs whose collections overlapped (first to last call) since the last ask."""
+        with self._lock:
+            calls, self.calls = self.calls, []
+        spans: dict[int, list[float]] = {}
+        for at, gpu in calls:
+            span = spans.setdefault(gpu, [at, at])
+            span[1] = at
+        edges = sorted([(s, 1) for s, _ in spans.values()] + [(e, -1) for _, e in spans.values()])
+        most = current = 0
+        for _, step in edges:
+            current += step
+            most = max(most, current)
+        return most
+
+
+def _samples(snapshot: Snapshot) -> dict:
+    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+
+
+@contextmanager
+def _recorded(scenario: Path, timeout: float = 5.0) -> Iterator[tuple[_Recorder, Collection]]:
+    library = sim.install(scenario)
+    recorder = _Recorder(library)
+    pynvml.nvmlLib = recorder
+    collection = Collection(dict.fromkeys(REGISTRY, True), timeout=timeout, slow_interval=60)
+    try:
+        collection.run_cycle()  # start-up: discovery and first reads
+        recorder.most_at_once()
+        yield recorder, collection
+    finally:
+        collection.close()
+        sim.uninstall()
+
+
+def test_two_gpus_are_collected_at_once_while_nvml_answers_fast(tmp_path: Path) -> None:
+    # 25 µs a call, the benchmark's typical driver: each call lets another thread in.
+    with _recorded(_scenario(tmp_path, 8, "0.000025")) as (recorder, collection):
+        overlaps = []
+        for _ in range(5):
+            samples = _samples(collection.run_cycle())
+            overlaps.append(recorder.most_at_once())
+    # A GPU whose collection takes over 5 ms (a busy machine) lets the rest start: the median.
+    assert statistics.median(overlaps) <= 2, overlaps
+    assert len(series(samples, "gpu_utilization_ratio")) == 8
+
+
+def test_all_gpus_are_collected_at_once_when_nvml_is_slow(tmp_path: Path) -> None:
+    with _recorded(_scenario(tmp_path, 8, "2ms")) as (recorder, collection):
+        started = time.perf_counter()
+        collection.run_cycle()
+        cycle = time.perf_counter() - started
+        overlap = recorder.most_at_once()
+    assert overlap == 8
+    # Each GPU makes ~20 calls of 2 ms (40 ms); one after another the 8 would take 320 ms.
+    assert cycle < 0.2, cycle
+
+
+def test_a_hung_gpu_holds_one_lane_and_the_others_are_collected_every_cycle(
+    tmp_path: Path,
+) -> None:
+    scenario = _scenario(
+        tmp_path,
+        4,
+        "0",
+        """
+        faults:
+          - {kind: hang, gpu: 0, call: nvmlDeviceGetPowerUsage, seconds: 2.0, at: 0, until: 3600}
+        """,
+    )
+    with _recorded(scenario, timeout=0.2) as (_, collection):
+        for _ in range(3):
+            samples = _samples(collection.run_cycle())
+            stale = {dict(k)["gpu"]: v for k, v in series(samples, "gpuload_gpu_stale").items()}
+            assert stale == {"0": 1, "1": 0, "2": 0, "3": 0}
+            utilization = series(samples, "gpu_utilization_ratio")
+            assert sorted(dict(k)["gpu"] for k in utilization) == ["1", "2", "3"]
+            assert value_of(samples, "gpuload_nvml_up") == 1
