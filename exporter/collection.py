@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 _REINIT_CODES = {"uninitialized", "driver_not_loaded", "lib_rm_version_mismatch"}
 _BACKOFF_START_SECONDS = 1.0
 _BACKOFF_MAX_SECONDS = 60.0
+_BACKOFF_SLACK_SECONDS = 0.1
 # GPUs collected at once while NVML answers fast: each call hands the GIL to another thread,
 # and more threads queueing for it cost CPU without shortening the cycle. Once none of them has
 # finished for _WIDEN_AFTER seconds (a slow or hung driver), the rest all start: then waiting
@@ -85,7 +86,9 @@ class _Backoff:
         self.next_attempt = 0.0
 
     def due(self, now: float) -> bool:
-        return now >= self.next_attempt
+        # Cycles come once per interval, a little early or late: a retry due one interval
+        # after a cycle would otherwise wait a whole extra cycle about half of the time.
+        return now >= self.next_attempt - _BACKOFF_SLACK_SECONDS
 
     def failed(self, now: float) -> None:
         self.next_attempt = now + self.delay
@@ -107,6 +110,8 @@ class _Gpu:
     in_flight: Future[list[CollectorRun]] | None = None
     current_collector: str = ""
     profiling: str = "none"
+    # When its slow reads are next due (monotonic seconds; 0: at once, as after acquiring it).
+    next_slow: float = 0.0
     retry: _Backoff = field(default_factory=_Backoff)
 
 
@@ -197,7 +202,7 @@ class Collection:
                 if slow_due:
                     self._next_slow = now + self._slow_interval
                 self._reacquire_lost_gpus(now)
-                runs = self._collect_all(slow_due)
+                runs = self._collect_all(slow_due, now)
             snapshot = self._publish(runs, time.perf_counter() - started)
             self._snapshot = snapshot
             return snapshot
@@ -297,6 +302,7 @@ class Collection:
             _close_all(gpu.collectors)
             gpu.collectors = self._build_collectors("device")
             gpu.unsupported = set()
+            gpu.next_slow = 0.0
             self._problems.resolve(
                 ("gpu", gpu.index), "GPU %d (%s) is reporting", gpu.index, identity.uuid
             )
@@ -319,7 +325,8 @@ class Collection:
 
     # Collection
 
-    def _collect_all(self, slow_due: bool) -> list[CollectorRun]:
+    def _collect_all(self, slow_due: bool, now: float) -> list[CollectorRun]:
+        """Collect the node (``slow_due``: its slow reads are due) and every GPU."""
         deadline = time.monotonic() + self._timeout
         # GPUs still stuck in a call from an earlier cycle are waited for, not started again.
         pending: dict[Future[list[CollectorRun]], _Gpu] = {
@@ -328,7 +335,7 @@ class Collection:
         queue = [
             gpu for gpu in self._gpus.values() if gpu.device is not None and gpu.in_flight is None
         ]
-        running = {self._start(gpu, slow_due, pending) for gpu in queue[:_LANES]}
+        running = {self._start(gpu, now, pending) for gpu in queue[:_LANES]}
         del queue[:_LANES]
         node_runs = [
             run_collector(name, collector.collect, slow_due=slow_due)
@@ -337,7 +344,7 @@ class Collection:
         while queue and time.monotonic() < deadline:
             done, running = wait(running, timeout=_WIDEN_AFTER, return_when=FIRST_COMPLETED)
             starting, queue = (queue[: len(done)], queue[len(done) :]) if done else (queue, [])
-            running |= {self._start(gpu, slow_due, pending) for gpu in starting}
+            running |= {self._start(gpu, now, pending) for gpu in starting}
         wait(pending, timeout=max(0.0, deadline - time.monotonic()))
         runs = list(node_runs)
         lost_driver = False
@@ -361,9 +368,16 @@ class Collection:
         return runs
 
     def _start(
-        self, gpu: _Gpu, slow_due: bool, pending: dict[Future[list[CollectorRun]], _Gpu]
+        self, gpu: _Gpu, now: float, pending: dict[Future[list[CollectorRun]], _Gpu]
     ) -> Future[list[CollectorRun]]:
         assert self._executor is not None
+        slow_due = now >= gpu.next_slow
+        if slow_due:
+            # After the first, each GPU's slow reads come a fraction of the interval after the
+            # previous GPU's: a cycle of all of them at once (~4 times a fast cycle's NVML calls)
+            # would keep both lanes busy past _WIDEN_AFTER and start every GPU at once.
+            spread = 1 + gpu.index / len(self._gpus) if gpu.next_slow == 0.0 else 1
+            gpu.next_slow = now + self._slow_interval * spread
         future = gpu.in_flight = self._executor.submit(self._collect_gpu, gpu, slow_due)
         pending[future] = gpu
         return future

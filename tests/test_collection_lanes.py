@@ -1,4 +1,4 @@
-"""How many GPUs are collected at once: two while NVML is fast, all of them once it is slow.
+"""How many GPUs are collected at once, when each GPU takes its slow reads, when NVML is retried.
 
 Which GPUs were being collected at the same moment is seen at the driver boundary: each GPU's
 collection runs from its first NVML call of the cycle to its last, as the simulated library
@@ -21,7 +21,7 @@ from helpers import parse_metrics, series, value_of
 from prometheus_client import generate_latest
 
 from exporter import sim
-from exporter.collection import Collection, Snapshot
+from exporter.collection import Collection, Snapshot, _Backoff
 from exporter.collectors import REGISTRY
 from exporter.server.http import build_registry
 from exporter.sim.library import SimulatedNvml
@@ -50,7 +50,7 @@ class _Recorder:
 
     def __init__(self, library: SimulatedNvml) -> None:
         self._library = library
-        self.calls: list[tuple[float, int]] = []
+        self.calls: list[tuple[float, int, str]] = []
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
@@ -60,11 +60,11 @@ class _Recorder:
             gpu = self._gpu(args)
             if gpu is not None:
                 with self._lock:
-                    self.calls.append((time.perf_counter(), gpu))
+                    self.calls.append((time.perf_counter(), gpu, name))
             result = function(*args)
             if gpu is not None:
                 with self._lock:
-                    self.calls.append((time.perf_counter(), gpu))
+                    self.calls.append((time.perf_counter(), gpu, name))
             return result
 
         return call
@@ -75,12 +75,16 @@ class _Recorder:
         device = self._library.gpu_by_handle(args[0])
         return None if isinstance(device, int) else device.index
 
-    def most_at_once(self) -> int:
-        """The most GPUs whose collections overlapped (first to last call) since the last ask."""
+    def taken(self) -> list[tuple[float, int, str]]:
+        """The calls recorded since the last ask."""
         with self._lock:
             calls, self.calls = self.calls, []
+        return calls
+
+    def most_at_once(self) -> int:
+        """The most GPUs whose collections overlapped (first to last call) since the last ask."""
         spans: dict[int, list[float]] = {}
-        for at, gpu in calls:
+        for at, gpu, _ in self.taken():
             span = spans.setdefault(gpu, [at, at])
             span[1] = at
         edges = sorted([(s, 1) for s, _ in spans.values()] + [(e, -1) for _, e in spans.values()])
@@ -96,14 +100,18 @@ def _samples(snapshot: Snapshot) -> dict:
 
 
 @contextmanager
-def _recorded(scenario: Path, timeout: float = 5.0) -> Iterator[tuple[_Recorder, Collection]]:
+def _recorded(
+    scenario: Path, timeout: float = 5.0, slow_interval: float = 60
+) -> Iterator[tuple[_Recorder, Collection]]:
     library = sim.install(scenario)
     recorder = _Recorder(library)
     pynvml.nvmlLib = recorder
-    collection = Collection(dict.fromkeys(REGISTRY, True), timeout=timeout, slow_interval=60)
+    collection = Collection(
+        dict.fromkeys(REGISTRY, True), timeout=timeout, slow_interval=slow_interval
+    )
     try:
         collection.run_cycle()  # start-up: discovery and first reads
-        recorder.most_at_once()
+        recorder.taken()
         yield recorder, collection
     finally:
         collection.close()
@@ -153,3 +161,27 @@ def test_a_hung_gpu_holds_one_lane_and_the_others_are_collected_every_cycle(
             utilization = series(samples, "gpu_utilization_ratio")
             assert sorted(dict(k)["gpu"] for k in utilization) == ["1", "2", "3"]
             assert value_of(samples, "gpuload_nvml_up") == 1
+
+
+def test_gpus_take_their_slow_reads_in_turn_not_all_in_one_cycle(tmp_path: Path) -> None:
+    # The power limit is one of the slow reads (once per slow interval, 0.4 s here).
+    slow_call = "nvmlDeviceGetEnforcedPowerLimit"
+    with _recorded(_scenario(tmp_path, 4, "0"), slow_interval=0.4) as (recorder, collection):
+        per_cycle = []
+        for _ in range(14):
+            time.sleep(0.1)
+            collection.run_cycle()
+            per_cycle.append({gpu for _, gpu, name in recorder.taken() if name == slow_call})
+    # After the start-up cycle (all four), GPU i's next slow reads come 0.4 * (1 + i/4) s later.
+    assert max(len(gpus) for gpus in per_cycle) <= 2, per_cycle
+    for gpu in range(4):
+        assert 2 <= sum(gpu in gpus for gpus in per_cycle) <= 4, (gpu, per_cycle)
+
+
+def test_a_retry_one_interval_later_is_not_put_off_by_a_cycle_that_came_a_little_early() -> None:
+    backoff = _Backoff()
+    backoff.failed(100.0)  # the first retry is due 1 s later, the next 2 s after that one
+    assert not backoff.due(100.85)
+    assert backoff.due(100.95)  # the next 1 s cycle, 50 ms early
+    backoff.failed(100.95)
+    assert not backoff.due(102.0) and backoff.due(102.9)
