@@ -40,6 +40,8 @@ _BACKOFF_SLACK_SECONDS = 0.1
 # in parallel is what keeps the cycle as short as the slowest GPU.
 _LANES = 2
 _WIDEN_AFTER = 0.005
+# A cycle with the slow reads due makes about four times a fast cycle's calls per GPU.
+_SLOW_CYCLE_WORK = 4
 
 
 @dataclass(frozen=True)
@@ -110,8 +112,6 @@ class _Gpu:
     in_flight: Future[list[CollectorRun]] | None = None
     current_collector: str = ""
     profiling: str = "none"
-    # When its slow reads are next due (monotonic seconds; 0: at once, as after acquiring it).
-    next_slow: float = 0.0
     retry: _Backoff = field(default_factory=_Backoff)
 
 
@@ -202,7 +202,7 @@ class Collection:
                 if slow_due:
                     self._next_slow = now + self._slow_interval
                 self._reacquire_lost_gpus(now)
-                runs = self._collect_all(slow_due, now)
+                runs = self._collect_all(slow_due)
             snapshot = self._publish(runs, time.perf_counter() - started)
             self._snapshot = snapshot
             return snapshot
@@ -302,7 +302,6 @@ class Collection:
             _close_all(gpu.collectors)
             gpu.collectors = self._build_collectors("device")
             gpu.unsupported = set()
-            gpu.next_slow = 0.0
             self._problems.resolve(
                 ("gpu", gpu.index), "GPU %d (%s) is reporting", gpu.index, identity.uuid
             )
@@ -325,8 +324,7 @@ class Collection:
 
     # Collection
 
-    def _collect_all(self, slow_due: bool, now: float) -> list[CollectorRun]:
-        """Collect the node (``slow_due``: its slow reads are due) and every GPU."""
+    def _collect_all(self, slow_due: bool) -> list[CollectorRun]:
         deadline = time.monotonic() + self._timeout
         # GPUs still stuck in a call from an earlier cycle are waited for, not started again.
         pending: dict[Future[list[CollectorRun]], _Gpu] = {
@@ -335,16 +333,17 @@ class Collection:
         queue = [
             gpu for gpu in self._gpus.values() if gpu.device is not None and gpu.in_flight is None
         ]
-        running = {self._start(gpu, now, pending) for gpu in queue[:_LANES]}
+        running = {self._start(gpu, slow_due, pending) for gpu in queue[:_LANES]}
         del queue[:_LANES]
         node_runs = [
             run_collector(name, collector.collect, slow_due=slow_due)
             for name, collector in self._node_collectors.items()
         ]
+        widen_after = _WIDEN_AFTER * (_SLOW_CYCLE_WORK if slow_due else 1)
         while queue and time.monotonic() < deadline:
-            done, running = wait(running, timeout=_WIDEN_AFTER, return_when=FIRST_COMPLETED)
+            done, running = wait(running, timeout=widen_after, return_when=FIRST_COMPLETED)
             starting, queue = (queue[: len(done)], queue[len(done) :]) if done else (queue, [])
-            running |= {self._start(gpu, now, pending) for gpu in starting}
+            running |= {self._start(gpu, slow_due, pending) for gpu in starting}
         wait(pending, timeout=max(0.0, deadline - time.monotonic()))
         runs = list(node_runs)
         lost_driver = False
@@ -368,16 +367,9 @@ class Collection:
         return runs
 
     def _start(
-        self, gpu: _Gpu, now: float, pending: dict[Future[list[CollectorRun]], _Gpu]
+        self, gpu: _Gpu, slow_due: bool, pending: dict[Future[list[CollectorRun]], _Gpu]
     ) -> Future[list[CollectorRun]]:
         assert self._executor is not None
-        slow_due = now >= gpu.next_slow
-        if slow_due:
-            # After the first, each GPU's slow reads come a fraction of the interval after the
-            # previous GPU's: a cycle of all of them at once (~4 times a fast cycle's NVML calls)
-            # would keep both lanes busy past _WIDEN_AFTER and start every GPU at once.
-            spread = 1 + gpu.index / len(self._gpus) if gpu.next_slow == 0.0 else 1
-            gpu.next_slow = now + self._slow_interval * spread
         future = gpu.in_flight = self._executor.submit(self._collect_gpu, gpu, slow_due)
         pending[future] = gpu
         return future
