@@ -344,6 +344,10 @@ class Collection:
             done, running = wait(running, timeout=widen_after, return_when=FIRST_COMPLETED)
             starting, queue = (queue[: len(done)], queue[len(done) :]) if done else (queue, [])
             running |= {self._start(gpu, slow_due, pending) for gpu in starting}
+        # Past the timeout with GPUs not started (lanes that kept finishing, slowly): start them
+        # now, to be reported stale like any GPU that has not returned, not left out unseen.
+        for gpu in queue:
+            self._start(gpu, slow_due, pending)
         wait(pending, timeout=max(0.0, deadline - time.monotonic()))
         runs = list(node_runs)
         lost_driver = False

@@ -183,3 +183,19 @@ def test_a_retry_one_interval_later_is_not_put_off_by_a_cycle_that_came_a_little
     assert backoff.due(100.95)  # the next 1 s cycle, 50 ms early
     backoff.failed(100.95)
     assert not backoff.due(102.0) and backoff.due(102.9)
+
+
+def test_gpus_not_started_within_the_timeout_are_reported_stale_not_left_out(
+    tmp_path: Path,
+) -> None:
+    # A timeout shorter than any GPU's collection: the lanes never finish in time.
+    with _recorded(_scenario(tmp_path, 8, "0"), timeout=0.001) as (_, collection):
+        for _ in range(4):
+            samples = _samples(collection.run_cycle())
+            collected = {dict(k)["gpu"] for k in series(samples, "gpu_utilization_ratio")}
+            stale = {
+                dict(k)["gpu"] for k, v in series(samples, "gpuload_gpu_stale").items() if v == 1
+            }
+            # Each GPU is either in the snapshot or said to be stale: none is silently absent.
+            assert collected | stale == {str(gpu) for gpu in range(8)}, (collected, stale)
+            time.sleep(0.05)
