@@ -44,7 +44,7 @@ def node_samples(cycles: int) -> list[list[Sample]]:
     finally:
         collection.close()
         sim.uninstall()
-    return [list(snapshot_samples(s.families, evaluator.history.keep)) for s in snapshots]
+    return [list(snapshot_samples(s, evaluator.history.keep)) for s in snapshots]
 
 
 def _evaluator(interval: float) -> Evaluator:

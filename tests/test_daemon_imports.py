@@ -112,7 +112,7 @@ def test_the_http_front_imports_neither_nvml_nor_a_generic_http_stack() -> None:
     # The front process imports what exporter.server.front does (and its web config module
     # only with a web config): nothing of NVML, prometheus_client, wsgiref's server (http.server,
     # http.client, the email package), nor the simulator that `gpuload sim exec` would install.
-    heavy = ("pynvml", "prometheus_client", "http.server", "http.client", "email", "yaml")
+    heavy = ("pynvml", "prometheus_client", "http.server", "http.client", "email", "yaml", "ctypes")
     probe = (
         "import sys, json; import exporter.server.front, exporter.logs; "
         f"print(json.dumps([name for name in {heavy!r} if name in sys.modules]))"

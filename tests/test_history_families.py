@@ -8,11 +8,13 @@ from helpers import Clock
 from exporter import sim
 from exporter.alerting import thresholds
 from exporter.alerting.evaluator import Evaluator, history_horizon
-from exporter.alerting.history import History, Sample, snapshot_samples
+from exporter.alerting.history import History, Sample, labels_of, snapshot_samples
+from exporter.alerting.local import LocalAlerting
 from exporter.collection import Collection
 from exporter.collectors import REGISTRY
 from exporter.doctor import verdicts
 from exporter.doctor.sampling import window_of
+from exporter.server.http import MetricsEndpoint
 
 ALL_ON = {name: True for name in REGISTRY}
 
@@ -54,7 +56,7 @@ def test_alerts_and_verdicts_are_the_same_as_with_every_family(scenario: str, ti
             snapshot = collection.run_cycle()
             at = float(t)
             changes = [
-                evaluator.observe(snapshot_samples(snapshot.families, evaluator.history.keep), at)
+                evaluator.observe(snapshot_samples(snapshot, evaluator.history.keep), at)
                 for evaluator in (kept, everything)
             ]
             assert changes[0] == changes[1], f"t={t}"
@@ -81,3 +83,55 @@ def test_sorted_labels_are_kept_within_their_bound() -> None:
         assert len(history._SORTED_LABELS) <= history.SORTED_LABELS_KEPT
     # Kept or not, the same label set gives the same sorted pairs.
     assert history.labels_of({"uuid": "GPU-1", "gpu": "1"}) == (("gpu", "1"), ("uuid", "GPU-1"))
+
+
+@pytest.mark.parametrize("scenario", ["h100-nvlink", "a100-mig", "faulty", "ecc-remap"])
+def test_a_snapshots_series_are_the_samples_of_its_families(scenario: str) -> None:
+    # The local history reads a snapshot's series, never its families; both must agree
+    # sample for sample, counters' `_total` names and empty labels included.
+    rules = thresholds.load()
+    keep = Evaluator(rules, instance="n1:19400", also_keep=verdicts.FAMILIES).history.keep
+    clock = Clock(100.0)
+    sim.install(scenario, clock=clock, epoch=0)
+    collection = Collection(ALL_ON, timeout=5)
+    try:
+        for t in (100.0, 110.0, 130.0):
+            clock.now = t
+            snapshot = collection.run_cycle()
+            for names in (None, keep):
+                from_series = sorted(snapshot_samples(snapshot, names))
+                assert "families" not in vars(snapshot), "reading series built the families"
+                from_families = sorted(
+                    Sample(point.name, labels_of(point.labels), float(point.value))
+                    for family in snapshot.families
+                    if names is None or family.name in names or f"{family.name}_total" in names
+                    for point in family.samples
+                )
+                assert from_series == from_families
+                assert len(from_series) > (100 if names is None else 10)
+                vars(snapshot).pop("families")
+    finally:
+        collection.close()
+        sim.uninstall()
+
+
+def test_cycles_nobody_scrapes_group_no_samples_into_families() -> None:
+    # The local alerting reads every snapshot; /metrics encodes only those a scrape is
+    # expected for. Families are built for the encodings, not once per cycle.
+    sim.install("h100-nvlink")
+    collection = Collection(ALL_ON, timeout=5)
+    endpoint = MetricsEndpoint(lambda: collection.snapshot)
+    alerting = LocalAlerting(thresholds.load(), instance="n1:19400", also_keep=verdicts.FAMILIES)
+    try:
+        for _ in range(3):
+            snapshot = collection.run_cycle()
+            endpoint.prime(snapshot)
+            alerting.observe(snapshot)
+            assert alerting.history.latest("gpu_up"), "the alerting saw no samples"
+            assert "families" not in vars(snapshot)
+        body = b"".join(endpoint({"REQUEST_METHOD": "GET"}, lambda *_: None))
+        assert b"gpu_up{" in body
+        assert "families" in vars(snapshot), "a scrape encodes from the families"
+    finally:
+        collection.close()
+        sim.uninstall()

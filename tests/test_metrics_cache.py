@@ -17,7 +17,7 @@ OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 def _snapshot(value: float) -> Snapshot:
     family = GaugeMetricFamily("gpu_test_value", "A test value.", labels=["gpu"])
     family.add_metric(["0"], value)
-    return Snapshot(families=(family,), gpus=(), nvml_up=True, completed_at=0.0)
+    return Snapshot(gpus=(), nvml_up=True, completed_at=0.0, other_families=(family,))
 
 
 class _Clock:

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from prometheus_client.core import Metric
+if TYPE_CHECKING:
+    from exporter.collection import Snapshot
 
 # A series' labels as sorted (name, value) pairs; the metric name is kept apart.
 Labels = tuple[tuple[str, str], ...]
@@ -41,7 +42,11 @@ SORTED_LABELS_KEPT = 10_000
 
 def labels_of(mapping: Mapping[str, str]) -> Labels:
     """Sorted label pairs, without empty values (Prometheus drops empty labels)."""
-    pairs = tuple(mapping.items())
+    return sorted_labels(tuple(mapping.items()))
+
+
+def sorted_labels(pairs: tuple[tuple[str, str], ...]) -> Labels:
+    """`labels_of` for (name, value) pairs in the order the family declares its labels."""
     labels = _SORTED_LABELS.get(pairs)
     if labels is None:
         if len(_SORTED_LABELS) >= SORTED_LABELS_KEPT:
@@ -50,18 +55,14 @@ def labels_of(mapping: Mapping[str, str]) -> Labels:
     return labels
 
 
-def snapshot_samples(
-    families: Iterable[Metric], names: Collection[str] | None = None
-) -> Iterator[Sample]:
-    """The samples of prometheus_client metric families (a snapshot's ``families``).
+def snapshot_samples(snapshot: Snapshot, names: Collection[str] | None = None) -> Iterator[Sample]:
+    """The samples of a collection snapshot, as its ``families`` hold them.
 
     With ``names``, only the samples of those metric names (a counter's ``_total`` included).
+    Read from the snapshot's series: this builds no prometheus_client families.
     """
-    for family in families:
-        if names is not None and family.name not in names and f"{family.name}_total" not in names:
-            continue
-        for sample in family.samples:
-            yield Sample(sample.name, labels_of(sample.labels), float(sample.value))
+    for name, pairs, value in snapshot.series(names):
+        yield Sample(name, sorted_labels(pairs), float(value))
 
 
 class History:

@@ -65,7 +65,7 @@ class LocalAlerting:
 
     def observe(self, snapshot: Snapshot) -> list[Alert]:
         """Evaluate on a new snapshot; queue notifications for what fired or resolved."""
-        samples = snapshot_samples(snapshot.families, self.history.keep)
+        samples = snapshot_samples(snapshot, self.history.keep)
         changed = self.evaluator.observe(samples, snapshot.completed_at)
         for alert in changed:
             log.info(

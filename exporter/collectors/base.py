@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 import pynvml
 
@@ -39,8 +39,7 @@ class Family:
     per_gpu: bool = True
 
 
-@dataclass(frozen=True)
-class Sample:
+class Sample(NamedTuple):
     """One value of a family; `labels` are the values of the family's extra labels."""
 
     family: str

@@ -48,7 +48,7 @@ def sample_local(
                     "or try gpuload doctor --simulate SCENARIO"
                 )
             gpus = len(snapshot.gpus)
-            history.add(snapshot_samples(snapshot.families), snapshot.completed_at)
+            history.add(snapshot_samples(snapshot), snapshot.completed_at)
             elapsed = time.monotonic() - started
             if progress is not None:
                 progress(min(elapsed, duration), duration)

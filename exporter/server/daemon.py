@@ -16,6 +16,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from exporter.alerting.local import LocalAlerting
 from exporter.collection import Collection, Snapshot
 from exporter.config import Config
+from exporter.server import malloc
 from exporter.server.front import FrontProcess
 from exporter.server.http import Application
 from exporter.server.status import StatusPage
@@ -89,6 +90,8 @@ def _run_cycle(
 
 def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     """Run the exporter until SIGTERM/SIGINT (or `stop` is set); returns the exit code."""
+    tuned = malloc.tune()  # before the GPU workers start
+    log.debug("malloc settings applied: %s", ", ".join(tuned) or "none")
     if config.simulate.scenario:
         _install_simulator(config)
     collection = Collection(

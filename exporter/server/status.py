@@ -122,7 +122,7 @@ class StatusPage:
         alerts = sorted(current, key=lambda a: (a.state != "firing", a.name))
         document["alerts"] = [_alert_json(a) for a in alerts if "gpu" not in a.labels]
         reports = self._reports(snapshot)
-        history = list(snapshot_samples(snapshot.families))
+        history = list(snapshot_samples(snapshot))
         values = {
             "util": _by_gpu(history, "gpu_utilization_ratio"),
             "used": _by_gpu(history, "gpu_memory_used_bytes"),
