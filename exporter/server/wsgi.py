@@ -176,7 +176,13 @@ class Server:
         *,
         listener: socket.socket | None = None,
         handler: type[StreamRequestHandler] | None = None,
+        poll_interval: float = 0.2,
     ) -> None:
+        """Bind (or take ``listener``); serving starts with `start`.
+
+        ``poll_interval``: how often the serving thread wakes to see whether `stop` was
+        called, and so the longest `stop` waits for it (each wake costs CPU even when idle).
+        """
         host, port = parse_address(address)
         server_class = _ThreadingServerV6 if ":" in host else _ThreadingServer
         watcher = None
@@ -191,7 +197,10 @@ class Server:
         if watcher is not None and watcher.tls:
             self._httpd.watcher = watcher
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="http", kwargs={"poll_interval": 0.2}
+            target=self._httpd.serve_forever,
+            name="http",
+            kwargs={"poll_interval": poll_interval},
+            daemon=True,
         )
 
     @property
@@ -212,9 +221,12 @@ class Server:
         """Serve in the background."""
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop accepting and close the socket (also when it never started serving)."""
-        if self._thread.is_alive():
+    def stop(self, *, wait: bool = True) -> None:
+        """Stop accepting and close the socket (also when it never started serving).
+
+        Without ``wait``, the serving thread is not waited for: a process about to exit.
+        """
+        if wait and self._thread.is_alive():
             # shutdown() waits for serve_forever to notice: it would wait forever if never run.
             self._httpd.shutdown()
             self._thread.join(timeout=1)
