@@ -14,7 +14,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Container, Hashable, Iterable, Iterator, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 from typing import Any
@@ -26,6 +26,7 @@ from exporter.collectors import REGISTRY, CollectorSpec, Reader, Sample
 from exporter.collectors.base import GPU_LABELS, Family
 from exporter.nvml import Device, Identity, NvmlError
 from exporter.problems import ProblemLog
+from exporter.workers import Workers
 
 log = logging.getLogger(__name__)
 
@@ -261,7 +262,7 @@ class Collection:
         self._next_slow = 0.0
         self._wall_clock = wall_clock
         self._gpus: dict[int, _Gpu] = {}
-        self._executor: ThreadPoolExecutor | None = None
+        self._workers: Workers | None = None
         self._nvml_up = False
         self._init_backoff = _Backoff()
         self._errors: Counter[tuple[str, str]] = Counter()
@@ -298,9 +299,9 @@ class Collection:
         """Stop the workers and release NVML, unless a call is still stuck inside it."""
         with self._lock:
             stuck = [gpu.index for gpu in self._gpus.values() if gpu.in_flight is not None]
-            if self._executor is not None:
-                self._executor.shutdown(wait=False, cancel_futures=True)
-                self._executor = None
+            if self._workers is not None:
+                self._workers.stop()
+                self._workers = None
             for gpu in self._gpus.values():
                 if gpu.in_flight is None:
                     _close_all(gpu.collectors)
@@ -337,7 +338,7 @@ class Collection:
         for gpu in self._gpus.values():
             gpu.device = None
             gpu.retry.reset()
-        self._executor = ThreadPoolExecutor(max_workers=max(1, count), thread_name_prefix="gpu")
+        self._workers = Workers(limit=count, name="gpu")
 
     def _init_failed(self, now: float, error: str, message: str) -> None:
         self._errors[("nvml", error)] += 1
@@ -359,9 +360,9 @@ class Collection:
         for gpu in self._gpus.values():
             _close_all(gpu.collectors)
         _close_all(self._node_collectors)
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
-            self._executor = None
+        if self._workers is not None:
+            self._workers.stop()
+            self._workers = None
         self._shutdown_nvml()
         self._init_backoff.reset()
 
@@ -460,8 +461,8 @@ class Collection:
     def _start(
         self, gpu: _Gpu, slow_due: bool, pending: dict[Future[list[CollectorRun]], _Gpu]
     ) -> Future[list[CollectorRun]]:
-        assert self._executor is not None
-        future = gpu.in_flight = self._executor.submit(self._collect_gpu, gpu, slow_due)
+        assert self._workers is not None
+        future = gpu.in_flight = self._workers.submit(self._collect_gpu, gpu, slow_due)
         pending[future] = gpu
         return future
 

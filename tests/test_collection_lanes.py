@@ -51,6 +51,7 @@ class _Recorder:
     def __init__(self, library: SimulatedNvml) -> None:
         self._library = library
         self.calls: list[tuple[float, int, str]] = []
+        self.threads: set[int] = set()  # the threads that called with a device handle
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
@@ -61,6 +62,7 @@ class _Recorder:
             if gpu is not None:
                 with self._lock:
                     self.calls.append((time.perf_counter(), gpu, name))
+                    self.threads.add(threading.get_ident())
             result = function(*args)
             if gpu is not None:
                 with self._lock:
@@ -128,6 +130,27 @@ def test_two_gpus_are_collected_at_once_while_nvml_answers_fast(tmp_path: Path) 
     # A GPU whose collection takes over 5 ms (a busy machine) lets the rest start: the median.
     assert statistics.median(overlaps) <= 2, overlaps
     assert len(series(samples, "gpu_utilization_ratio")) == 8
+
+
+def test_after_a_slow_cycle_two_lanes_go_back_to_two_threads(tmp_path: Path) -> None:
+    # GPUs that hang 50 ms in their first cycles make every GPU start at once: 8 threads.
+    # Afterwards a GPU started as another returns takes the thread that was idle last; the
+    # stdlib pool woke its idle threads in turn, so the cycles kept using all 8.
+    hang = """
+        faults:
+          - {kind: hang, call: nvmlDeviceGetTemperatureV, seconds: 0.05, at: 0, until: 1.5}
+        """
+    with _recorded(_scenario(tmp_path, 8, "0.000025", hang)) as (recorder, collection):
+        collection.run_cycle()
+        assert recorder.most_at_once() == 8, "the hang did not widen the cycle"
+        time.sleep(1.6)  # past the fault
+        per_cycle = []
+        for _ in range(9):
+            recorder.threads.clear()
+            collection.run_cycle()
+            per_cycle.append(len(recorder.threads))
+    # A cycle whose lanes take over 5 ms (a busy machine) starts the rest: the median.
+    assert statistics.median(per_cycle) == 2, per_cycle
 
 
 def test_all_gpus_are_collected_at_once_when_nvml_is_slow(tmp_path: Path) -> None:
