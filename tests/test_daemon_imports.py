@@ -32,7 +32,7 @@ import json, os, signal, sys, threading, time, urllib.request
 
 from exporter.cli import main
 
-HEAVY = ("grpc", "google.protobuf", "jinja2", "requests", "exporter.relay.config")
+HEAVY = ("grpc", "google.protobuf", "jinja2", "requests", "exporter.relay.config", "sqlite3")
 port, args = sys.argv[1], sys.argv[2:]
 
 

@@ -9,6 +9,7 @@ import json
 import shutil
 import sqlite3
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -265,3 +266,29 @@ def test_alerting_config_errors_name_the_key_path(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump({"alerting": {"queue": {"pth": "x.db"}}}))
     with pytest.raises(config.ConfigError, match=r"config file alerting\.queue\.pth: unknown"):
         config.load(file=path)
+
+
+def test_serve_refuses_an_alert_queue_it_cannot_open(tmp_path: Path) -> None:
+    not_a_database = tmp_path / "alerts.db"
+    not_a_database.write_bytes(b"this is not an SQLite database file, only text" * 100)
+    (tmp_path / "gpuload.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "alerting": {
+                    "targets": {"hook": {"type": "webhook", "url": "http://127.0.0.1:9/"}},
+                    "route": {"targets": ["hook"]},
+                    "queue": {"path": str(not_a_database)},
+                }
+            }
+        )
+    )
+    command = ["serve", "--web.listen-address", "127.0.0.1:0", "--simulate", "idle"]
+    serve = subprocess.run(
+        [sys.executable, "-m", "exporter", *command, "--config", str(tmp_path / "gpuload.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert serve.returncode == 1, serve.stderr
+    assert f"local alerting: alert queue {not_a_database}: file is not a database" in serve.stderr
+    assert not_a_database.read_bytes().startswith(b"this is not")  # left as it was

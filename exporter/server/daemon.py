@@ -6,7 +6,6 @@ import datetime
 import gc
 import logging
 import signal
-import sqlite3
 import threading
 from pathlib import Path
 from types import FrameType
@@ -55,10 +54,15 @@ def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
         return None
     notifier = None
     if settings.delivery is not None:
-        # Imported here: delivery brings the relay's targets, jinja2 and requests (~5 MB).
+        # Imported here: delivery brings the relay's targets, jinja2, requests and sqlite3.
+        import sqlite3
+
         from exporter.alerting.notify import Notifier
 
-        notifier = Notifier(settings.delivery, external_url)
+        try:
+            notifier = Notifier(settings.delivery, external_url)
+        except sqlite3.Error as error:
+            raise OSError(f"alert queue {settings.delivery.queue.path}: {error}") from error
     return LocalAlerting(
         thresholds.load(settings.thresholds_file),
         instance=settings.instance or instance_label(config.web.listen_address, port),
@@ -120,7 +124,7 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         return 1
     try:
         alerting = _local_alerting(config, server.url)
-    except (ValueError, OSError, sqlite3.Error) as error:  # bad thresholds, unusable queue
+    except (ValueError, OSError) as error:  # bad thresholds, unusable queue
         log.error("local alerting: %s", error)
         server.stop()
         return 1
