@@ -129,7 +129,19 @@ class Snapshot:
     @cached_property
     def families(self) -> tuple[Metric, ...]:
         """Every family of the snapshot, in registry order, then `other_families`."""
-        return (*_build_families(self.layout, self.runs), *self.other_families)
+        return (*_each_family(self.layout, self.runs), *self.other_families)
+
+    def each_family(self) -> Iterator[Metric]:
+        """The families one at a time, for an encoding: each is freed once it is encoded.
+
+        An encoding holds its output, not every family as well (~1 MB at 16 GPUs); the
+        families read once already (`families`) are reused.
+        """
+        if "families" in self.__dict__:
+            yield from self.families
+            return
+        yield from _each_family(self.layout, self.runs)
+        yield from self.other_families
 
     def series(self, names: Container[str] | None = None) -> Iterator[Series]:
         """The snapshot's samples as `families` would hold them, without building those.
@@ -725,10 +737,18 @@ def _new_family(spec: Family) -> GaugeMetricFamily | CounterMetricFamily:
     return GaugeMetricFamily(spec.name, spec.help, labels=labels)
 
 
-def _build_families(layout: Layout, runs: Iterable[CollectorRun]) -> list[Metric]:
+def _each_family(layout: Layout, runs: Iterable[CollectorRun]) -> Iterator[Metric]:
     """Group samples into their families, in registry order; empty families are left out."""
-    families = {family.name: _new_family(family) for family in layout.families}
+    grouped: dict[str, list[tuple[tuple[str, ...], Sample]]] = {
+        family.name: [] for family in layout.families
+    }
     for run in runs:
         for sample in run.samples:
-            families[sample.family].add_metric([*run.labels, *sample.labels], sample.value)
-    return [family for family in families.values() if family.samples]
+            grouped[sample.family].append((run.labels, sample))
+    for spec in layout.families:
+        samples = grouped.pop(spec.name)
+        if samples:
+            family = _new_family(spec)
+            for labels, sample in samples:
+                family.add_metric([*labels, *sample.labels], sample.value)
+            yield family

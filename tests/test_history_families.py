@@ -117,7 +117,7 @@ def test_a_snapshots_series_are_the_samples_of_its_families(scenario: str) -> No
 
 def test_cycles_nobody_scrapes_group_no_samples_into_families() -> None:
     # The local alerting reads every snapshot; /metrics encodes only those a scrape is
-    # expected for. Families are built for the encodings, not once per cycle.
+    # expected for. Families are built for the encodings, not once per cycle, and not kept.
     sim.install("h100-nvlink")
     collection = Collection(ALL_ON, timeout=5)
     endpoint = MetricsEndpoint(lambda: collection.snapshot)
@@ -130,8 +130,12 @@ def test_cycles_nobody_scrapes_group_no_samples_into_families() -> None:
             assert alerting.history.latest("gpu_up"), "the alerting saw no samples"
             assert "families" not in vars(snapshot)
         body = b"".join(endpoint({"REQUEST_METHOD": "GET"}, lambda *_: None))
-        assert b"gpu_up{" in body
-        assert "families" in vars(snapshot), "a scrape encodes from the families"
+        assert b"gpu_up{" in body and b"gpu_nvlink_" in body
+        # An encoding takes the families one at a time and keeps none of them.
+        assert "families" not in vars(snapshot)
+        assert [family.name for family in snapshot.each_family()] == [
+            family.name for family in snapshot.families
+        ]
     finally:
         collection.close()
         sim.uninstall()

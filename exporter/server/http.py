@@ -44,7 +44,7 @@ class SnapshotCollector(Collector):
         snapshot = self._latest()
         if snapshot is None:
             return
-        yield from snapshot.families
+        yield from snapshot.each_family()
 
 
 def build_registry(
