@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 
 from exporter import __version__
 from exporter.collection import Snapshot
+from exporter.server.exposition import Exposition, format_of
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,8 @@ class MetricsEndpoint:
         self._handed: Snapshot | None = None
         self._priming: Snapshot | None = None
         self._priming_registry = build_registry(lambda: self._priming, front_pid=front_pid)
+        # Writes snapshots in the two usual formats; the process's own metrics after them.
+        self._writer = Exposition(build_registry(lambda: None, front_pid=front_pid))
         # (content type, gzip) -> the encoded answer for self._snapshot.
         self._answers: dict[tuple[str, bool], bytes] = {}
         self._demand: dict[tuple[str, bool], _Demand] = {}
@@ -181,7 +184,9 @@ class MetricsEndpoint:
         answers = {}
         try:
             for key, encoder in due:
-                answers[key] = _encoded(self._priming_registry, key, encoder)
+                answers[key] = _encoded(
+                    self._priming_registry, key, encoder, snapshot, self._writer
+                )
         finally:
             # Handed over even if an encoding failed: a scrape then encodes it, and says why.
             self._priming = None
@@ -212,7 +217,7 @@ class MetricsEndpoint:
         body = self._answers.get(key)
         if body is not None:
             return body, False
-        body = self._answers[key] = _encoded(self._registry, key, encoder)
+        body = self._answers[key] = _encoded(self._registry, key, encoder, snapshot, self._writer)
         return body, True
 
     def _cache(self, snapshot: Snapshot) -> None:
@@ -226,8 +231,14 @@ def _encoded(
     registry: CollectorRegistry,
     key: tuple[str, bool],
     encoder: Callable[[CollectorRegistry], bytes],
+    snapshot: Snapshot | None = None,
+    writer: Exposition | None = None,
 ) -> bytes:
-    body = encoder(registry)
+    form = format_of(encoder)
+    if snapshot is not None and writer is not None and form is not None:
+        body = writer.encode(snapshot, form)  # the same bytes, a fraction of the CPU
+    else:
+        body = encoder(registry)
     if key[1]:
         # Level 1, not gzip's 9: 0.4 ms instead of 3.7 ms for 8 GPUs' answer,
         # 20% larger (12.5 KB instead of 10.4 KB); see bench/RESULTS.md.
