@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import signal
 import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -217,3 +219,83 @@ def test_the_front_starts_with_glibcs_malloc_settings(daemon: Daemon) -> None:
     threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_", "131072")
     assert f"MALLOC_ARENA_MAX={arenas}".encode() in environment
     assert f"MALLOC_MMAP_THRESHOLD_={threshold}".encode() in environment
+
+
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+    "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+
+
+def _raw_scrape(url: str, *parts: bytes, pause: float = 0.0) -> bytes:
+    """Send the request in ``parts`` (``pause`` seconds apart), read until the front closes."""
+    host, port = url.split("//")[1].rstrip("/").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        for part in parts:
+            connection.sendall(part)
+            time.sleep(pause)
+        answer = b""
+        while chunk := connection.recv(1 << 16):
+            answer += chunk
+    return answer
+
+
+def test_a_scrape_answered_on_the_accepting_thread_is_the_threads_answer_byte_for_byte() -> None:
+    # A 60 s interval: every answer below is of the one snapshot taken at start.
+    daemon = start_daemon("--simulate", "mixed", "--collect.interval", "60s")
+    try:
+        head = (
+            "GET /metrics HTTP/1.1\r\nHost: x\r\n"
+            f"Accept: {PROMETHEUS_ACCEPT}\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n"
+        ).encode()
+        first = _raw_scrape(daemon.url, head)  # a format not seen yet: forwarded to the daemon
+        whole = _raw_scrape(daemon.url, head)  # whole at accept: answered on that thread
+        # The head in two parts: not whole when accepted, so read by the connection's thread.
+        split = _raw_scrape(daemon.url, head[:20], head[20:], pause=0.2)
+    finally:
+        daemon.stop()
+    assert whole == split
+    assert whole.startswith(b"HTTP/1.1 200 OK\r\n") and b"Connection: close\r\n" in whole
+    body = whole.partition(b"\r\n\r\n")[2]
+    assert gzip.decompress(body).decode().endswith("# EOF\n")
+    assert body == first.partition(b"\r\n\r\n")[2]
+
+
+def test_a_connection_answered_at_accept_goes_on_serving_its_next_requests(
+    daemon: Daemon,
+) -> None:
+    host, port = daemon.url.split("//")[1].rstrip("/").split(":")
+    request = f"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: {PROMETHEUS_ACCEPT}\r\n\r\n".encode()
+    requests.get(daemon.url + "metrics", headers={"Accept": PROMETHEUS_ACCEPT}, timeout=5)
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        reader = connection.makefile("rb")
+        for _ in range(3):  # the first at accept, the next ones on the connection's thread
+            connection.sendall(request)
+            status = reader.readline()
+            headers = {}
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.decode().partition(":")
+                headers[name.lower()] = value.strip()
+            body = reader.read(int(headers["content-length"]))
+            assert status == b"HTTP/1.1 200 OK\r\n"
+            assert "connection" not in headers  # kept alive
+            assert body.decode().endswith("# EOF\n")
+
+
+def test_requests_other_than_a_held_scrape_are_answered_as_before(daemon: Daemon) -> None:
+    requests.get(daemon.url + "metrics", headers={"Accept": PROMETHEUS_ACCEPT}, timeout=5)
+    filtered = requests.get(
+        daemon.url + "metrics?name[]=gpu_up", headers={"Accept": PROMETHEUS_ACCEPT}, timeout=5
+    )
+    assert filtered.ok and "gpu_up" in filtered.text and "gpu_temperature" not in filtered.text
+    with_body = _raw_scrape(
+        daemon.url,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+    )
+    assert with_body.startswith(b"HTTP/1.1 200 OK\r\n")
+    head = _raw_scrape(
+        daemon.url, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and head.endswith(b"\r\n\r\n")
+    bad = _raw_scrape(daemon.url, b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n")
+    assert bad.startswith(b"HTTP/1.1 400 ")

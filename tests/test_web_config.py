@@ -726,3 +726,22 @@ def test_a_bad_web_config_exits_2_naming_the_key(tmp_path: Path, command: str) -
     assert result.returncode == 2, result.stderr
     assert "flag web.config_file:" in result.stderr
     assert "tls_server_config.min_version: 'SSL3' is not valid" in result.stderr
+
+
+def test_basic_auth_over_plain_http_guards_every_scrape(
+    tmp_path: Path, processes: Callable[..., Process]
+) -> None:
+    # Without a web config the front answers a held scrape as soon as it accepts it; with
+    # basic auth each one goes through the guard, the first and every one after it.
+    running = serve(
+        processes, write_web_config(tmp_path, {"basic_auth_users": {"prometheus": HASH}})
+    )
+    accept = {"Accept": "application/openmetrics-text;version=1.0.0", "Accept-Encoding": "gzip"}
+    wait_until(lambda: requests.get(running.url + "readyz", timeout=5).ok, what="readiness")
+    for _ in range(3):
+        allowed = requests.get(
+            running.url + "metrics", headers={**accept, **basic("prometheus", PASSWORD)}, timeout=5
+        )
+        assert allowed.status_code == 200 and "gpu_up" in allowed.text
+        refused = requests.get(running.url + "metrics", headers=accept, timeout=5)
+        assert refused.status_code == 401 and "gpu_" not in refused.text

@@ -38,12 +38,20 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote
 from wsgiref.util import is_hop_by_hop
 
-from exporter.server.wsgi import Server, StartResponse, WsgiApp
+from exporter.server.wsgi import (
+    ANSWERED,
+    ANSWERED_AND_CLOSED,
+    NOT_ANSWERED,
+    Server,
+    StartResponse,
+    WsgiApp,
+)
 
 log = logging.getLogger(__name__)
 
@@ -135,14 +143,9 @@ class FrontApp:
             and "name" not in environ.get("QUERY_STRING", "")
         )
         negotiated = (environ.get("HTTP_ACCEPT", ""), environ.get("HTTP_ACCEPT_ENCODING", ""))
-        key = self._keys.get(negotiated) if cacheable else None
-        held = None if key is None else self._answers.get(key)
-        if key is not None and held is not None:
-            generation, body = held
-            self._report(key, generation)
-            headers = [("Content-Type", key[0])]
-            if key[1]:
-                headers.append(("Content-Encoding", "gzip"))
+        held = self.held(*negotiated) if cacheable else None
+        if held is not None:
+            headers, body = held
             start_response("200 OK", headers)
             return [body]
         status, headers, body = self._forward(environ)
@@ -153,6 +156,22 @@ class FrontApp:
                 self._keys[negotiated] = (content_type, named.get("content-encoding") == "gzip")
         start_response(status, headers)
         return [body]
+
+    def held(self, accept: str, accept_encoding: str) -> tuple[list[tuple[str, str]], bytes] | None:
+        """The headers and body of the held /metrics answer for these request headers, if any.
+
+        None for a format the daemon has not answered yet: the request is then forwarded.
+        """
+        key = self._keys.get((accept, accept_encoding))
+        held = None if key is None else self._answers.get(key)
+        if key is None or held is None:
+            return None
+        generation, body = held
+        self._report(key, generation)
+        headers = [("Content-Type", key[0])]
+        if key[1]:
+            headers.append(("Content-Encoding", "gzip"))
+        return headers, body
 
     def _report(self, key: Key, generation: int) -> None:
         """Tell the daemon of the first request answered from each answer."""
@@ -341,14 +360,74 @@ class FrontHandler(socketserver.StreamRequestHandler):
         body: bytes,
         keep_alive: bool,
     ) -> None:
-        head = [f"HTTP/1.1 {status}", *(f"{name}: {value}" for name, value in headers)]
-        if not any(name.lower() == "content-length" for name, _ in headers):
-            head.append(f"Content-Length: {len(body)}")
-        if not keep_alive:
-            head.append("Connection: close")
-        head += ["", ""]
-        payload = "\r\n".join(head).encode("iso-8859-1")
-        self.wfile.write(payload if method == "HEAD" else payload + body)
+        self.wfile.write(_response(method, status, headers, body, keep_alive))
+
+
+def _response(
+    method: str, status: str, headers: list[tuple[str, str]], body: bytes, keep_alive: bool
+) -> bytes:
+    """An HTTP/1.1 answer, whole: status line, headers, Content-Length, body (not for HEAD)."""
+    head = [f"HTTP/1.1 {status}", *(f"{name}: {value}" for name, value in headers)]
+    if not any(name.lower() == "content-length" for name, _ in headers):
+        head.append(f"Content-Length: {len(body)}")
+    if not keep_alive:
+        head.append("Connection: close")
+    head += ["", ""]
+    payload = "\r\n".join(head).encode("iso-8859-1")
+    return payload if method == "HEAD" else payload + body
+
+
+def answer_held(app: FrontApp, telemetry_path: str, connection: socket.socket) -> int:
+    """Answer a new connection's first request on the accepting thread, if it is a scrape.
+
+    Only a GET of exactly the telemetry path, already received whole, without a body, whose
+    answer is held and small enough to go into the socket's buffer at once: anything else
+    (not arrived yet, a query, a forward to the daemon, a large answer) is left to the
+    connection's thread, as before. Returns a `wsgi` NOT_ANSWERED, ANSWERED or
+    ANSWERED_AND_CLOSED.
+    """
+    try:
+        peeked = connection.recv(_INLINE_HEAD_BYTES, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except OSError:  # nothing received yet (or a reset): the thread's read will tell
+        return NOT_ANSWERED
+    end = peeked.find(b"\r\n\r\n")
+    if end < 0:
+        return NOT_ANSWERED
+    lines = peeked[:end].decode("iso-8859-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or parts[0] != "GET" or parts[1] != telemetry_path:
+        return NOT_ANSWERED
+    if parts[2] not in ("HTTP/1.1", "HTTP/1.0"):
+        return NOT_ANSWERED
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip():
+            return NOT_ANSWERED  # the thread answers 400
+        name, value = name.lower(), value.strip()
+        headers[name] = f"{headers[name]},{value}" if headers.get(name) else value
+    if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
+        return NOT_ANSWERED
+    held = app.held(headers.get("accept", ""), headers.get("accept-encoding", ""))
+    if held is None or len(held[1]) > _INLINE_MAX_BODY:
+        return NOT_ANSWERED
+    connection_header = headers.get("connection", "").lower()
+    if parts[2] == "HTTP/1.1":
+        keep_alive = "close" not in connection_header
+    else:
+        keep_alive = "keep-alive" in connection_header
+    try:
+        connection.recv(end + 4)  # the request, peeked above: the next read starts after it
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * _INLINE_MAX_BODY)
+        answer = _response("GET", "200 OK", held[0], held[1], keep_alive)
+        sent = connection.send(answer, socket.MSG_DONTWAIT)
+        if sent < len(answer):  # a buffer smaller than asked for: the rest, waiting
+            connection.settimeout(FORWARD_TIMEOUT)
+            connection.sendall(answer[sent:])
+            connection.settimeout(None)
+    except OSError:  # the client went away
+        return ANSWERED_AND_CLOSED
+    return ANSWERED if keep_alive else ANSWERED_AND_CLOSED
 
 
 def _read_head(rfile: Any) -> list[bytes] | None:
@@ -372,6 +451,10 @@ def _read_head(rfile: Any) -> list[bytes] | None:
 
 
 _PLAIN = [("Content-Type", "text/plain; charset=utf-8")]
+# A scrape answered on the accepting thread: its head is read in one peek, its answer (a gzip
+# answer is 6-24 KB from 1 to 16 GPUs) must fit the socket's send buffer at once.
+_INLINE_HEAD_BYTES = 8192
+_INLINE_MAX_BODY = 64 * 1024
 # The front's serving thread is never asked to stop (the process exits): it wakes this rarely.
 _STOP_POLL_SECONDS = 600.0
 
@@ -410,6 +493,13 @@ def main(argv: list[str]) -> int:
         handler=FrontHandler,
         poll_interval=_STOP_POLL_SECONDS,
     )
+    if security is None:
+        # Behind TLS or basic auth every request goes through the connection's thread.
+        server.answer_inline(partial(answer_held, app, settings["telemetry_path"]))
+        if hasattr(socket, "TCP_DEFER_ACCEPT"):
+            # Linux: a connection is accepted once its first bytes are in (HTTP clients speak
+            # first), so that a scrape is usually whole when `answer_held` looks at it.
+            listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 1)
     server.start()
     try:
         answers.follow(channel)

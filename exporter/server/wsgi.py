@@ -49,6 +49,10 @@ def _quiet_handler() -> type[StreamRequestHandler]:
     return QuietHandler
 
 
+# What a server's `answer_inline` did with a new connection's first request.
+NOT_ANSWERED, ANSWERED, ANSWERED_AND_CLOSED = 0, 1, 2
+
+
 class _ThreadingServer(ThreadingMixIn, TCPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -108,8 +112,19 @@ class _ThreadingServer(ThreadingMixIn, TCPServer):
         if self._listener is None:
             super().server_activate()
 
+    # Answers a new connection's first request on the accepting thread when it can (the
+    # HTTP front's held /metrics answers): returns NOT_ANSWERED, ANSWERED (the connection's
+    # next requests are read on a thread as usual) or ANSWERED_AND_CLOSED. Never over TLS.
+    answer_inline: Callable[[socket.socket], int] | None = None
+
     def process_request(self, request: Any, client_address: Any) -> None:
         """Serve the connection on a spare thread, or on a new one when none is waiting."""
+        # No handoff to another thread for the common scrape: under load each one was a wait
+        # for a core, and most of the 10-concurrent-scraper tail (bench/OPTIMIZATIONS.md).
+        inline = self.answer_inline if self.watcher is None else None
+        if inline is not None and inline(request) == ANSWERED_AND_CLOSED:
+            self.shutdown_request(request)
+            return
         with self._spare_lock:
             if self._spare:
                 self._spare -= 1
@@ -202,6 +217,10 @@ class Server:
             kwargs={"poll_interval": poll_interval},
             daemon=True,
         )
+
+    def answer_inline(self, answer: Callable[[socket.socket], int]) -> None:
+        """Let ``answer`` try each new connection's first request on the accepting thread."""
+        self._httpd.answer_inline = answer
 
     @property
     def httpd(self) -> TCPServer:
