@@ -737,18 +737,26 @@ def _new_family(spec: Family) -> GaugeMetricFamily | CounterMetricFamily:
     return GaugeMetricFamily(spec.name, spec.help, labels=labels)
 
 
-def _each_family(layout: Layout, runs: Iterable[CollectorRun]) -> Iterator[Metric]:
-    """Group samples into their families, in registry order; empty families are left out."""
+def each_family_samples(
+    layout: Layout, runs: Iterable[CollectorRun]
+) -> Iterator[tuple[Family, list[tuple[tuple[str, ...], Sample]]]]:
+    """Each family with samples, in registry order, with them: (the GPU's labels, sample)."""
     grouped: dict[str, list[tuple[tuple[str, ...], Sample]]] = {
         family.name: [] for family in layout.families
     }
     for run in runs:
         for sample in run.samples:
             grouped[sample.family].append((run.labels, sample))
-    for spec in layout.families:
-        samples = grouped.pop(spec.name)
+    for family in layout.families:
+        samples = grouped.pop(family.name)
         if samples:
-            family = _new_family(spec)
-            for labels, sample in samples:
-                family.add_metric([*labels, *sample.labels], sample.value)
-            yield family
+            yield family, samples
+
+
+def _each_family(layout: Layout, runs: Iterable[CollectorRun]) -> Iterator[Metric]:
+    """Group samples into their families, in registry order; empty families are left out."""
+    for spec, samples in each_family_samples(layout, runs):
+        family = _new_family(spec)
+        for labels, sample in samples:
+            family.add_metric([*labels, *sample.labels], sample.value)
+        yield family

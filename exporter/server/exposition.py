@@ -25,7 +25,7 @@ from prometheus_client.core import Metric
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.utils import floatToGoString
 
-from exporter.collection import Layout, Snapshot
+from exporter.collection import Layout, Snapshot, each_family_samples
 from exporter.collectors.base import Family
 
 TEXT = "text"
@@ -90,17 +90,8 @@ class Exposition:
 
     def _samples(self, snapshot: Snapshot, form: str) -> str:
         layout = snapshot.layout
-        grouped: dict[str, list[tuple[tuple[str, ...], Any]]] = {
-            family.name: [] for family in layout.families
-        }
-        for run in snapshot.runs:
-            for sample in run.samples:
-                grouped[sample.family].append((run.labels, sample))
         lines: list[str] = []
-        for family in layout.families:
-            samples = grouped.pop(family.name)
-            if not samples:
-                continue
+        for family, samples in each_family_samples(layout, snapshot.runs):
             lines.append(self._header(layout, family, form))
             line = self._line(layout, family.name)
             for labels, sample in samples:
