@@ -179,9 +179,11 @@ class FrontApp:
             return
         self._reported[key] = generation
         message = json.dumps([key[0], key[1], generation, time.monotonic()])
-        # A daemon gone is no error here: this process ends with the answers channel.
+        # A daemon gone is no error here: this process ends with the answers channel. Never
+        # waits (this may run on the accepting thread): a note the daemon has no room for is
+        # dropped, and that format is then encoded when a scrape asks for it, not primed.
         with contextlib.suppress(OSError):
-            self._daemon.send(b"A" + message.encode())
+            self._daemon.send(b"A" + message.encode(), socket.MSG_DONTWAIT)
 
     def _forward(self, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
         """Send the request to the daemon on a new socket pair; its answer, or a 503."""
