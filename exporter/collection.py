@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Container, Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from functools import cached_property, partial
@@ -85,13 +85,11 @@ class Layout:
                 self.shapes[family.name] = (name, name, labels)
         self._wanted: dict[frozenset[str] | None, Wanted] = {}
 
-    def wanted(self, names: Container[str] | None) -> Wanted:
+    def wanted(self, names: frozenset[str] | None) -> Wanted:
         """What `Snapshot.series` yields for ``names`` (None: every name)."""
         # The same few sets come every cycle (a history's names): kept, up to a bound.
-        key = names if names is None or isinstance(names, frozenset) else None
-        cached = key is not None or names is None
-        if cached and key in self._wanted:
-            return self._wanted[key]
+        if names in self._wanted:
+            return self._wanted[names]
         families = {
             family: (sample_name, labels)
             if names is None or name in names or f"{name}_total" in names
@@ -103,8 +101,8 @@ class Layout:
             for collector, names_of in self._collectors.items()
             if any(families[name] is not None for name in names_of)
         )
-        if cached and len(self._wanted) < 8:
-            self._wanted[key] = (families, collectors)
+        if len(self._wanted) < 8:
+            self._wanted[names] = (families, collectors)
         return families, collectors
 
 
@@ -143,7 +141,7 @@ class Snapshot:
         yield from _each_family(self.layout, self.runs)
         yield from self.other_families
 
-    def series(self, names: Container[str] | None = None) -> Iterator[Series]:
+    def series(self, names: frozenset[str] | None = None) -> Iterator[Series]:
         """The snapshot's samples as `families` would hold them, without building those.
 
         With ``names``, only the samples of those metric names (a counter's ``_total``

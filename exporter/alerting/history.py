@@ -55,7 +55,7 @@ def sorted_labels(pairs: tuple[tuple[str, str], ...]) -> Labels:
     return labels
 
 
-def snapshot_samples(snapshot: Snapshot, names: Collection[str] | None = None) -> Iterator[Sample]:
+def snapshot_samples(snapshot: Snapshot, names: frozenset[str] | None = None) -> Iterator[Sample]:
     """The samples of a collection snapshot, as its ``families`` hold them.
 
     With ``names``, only the samples of those metric names (a counter's ``_total`` included).

@@ -327,12 +327,7 @@ class FrontHandler(socketserver.StreamRequestHandler):
         if not 0 <= length <= MAX_BODY:
             raise _BadRequest(f"a body of {length} bytes (at most {MAX_BODY})")
         environ["wsgi.input"] = io.BytesIO(self.rfile.read(length) if length else b"")
-        connection = environ.get("HTTP_CONNECTION", "").lower()
-        if version == "HTTP/1.1":
-            keep_alive = "close" not in connection
-        else:
-            keep_alive = "keep-alive" in connection
-        return environ, keep_alive
+        return environ, _keeps_alive(version, environ.get("HTTP_CONNECTION", ""))
 
     def _run(self, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
         started: list[Any] = []
@@ -363,6 +358,13 @@ class FrontHandler(socketserver.StreamRequestHandler):
         keep_alive: bool,
     ) -> None:
         self.wfile.write(_response(method, status, headers, body, keep_alive))
+
+
+def _keeps_alive(version: str, connection: str) -> bool:
+    """Whether the connection stays open after this request (HTTP/1.1: unless told to close)."""
+    if version == "HTTP/1.1":
+        return "close" not in connection.lower()
+    return "keep-alive" in connection.lower()
 
 
 def _response(
@@ -413,11 +415,7 @@ def answer_held(app: FrontApp, telemetry_path: str, connection: socket.socket) -
     held = app.held(headers.get("accept", ""), headers.get("accept-encoding", ""))
     if held is None or len(held[1]) > _INLINE_MAX_BODY:
         return NOT_ANSWERED
-    connection_header = headers.get("connection", "").lower()
-    if parts[2] == "HTTP/1.1":
-        keep_alive = "close" not in connection_header
-    else:
-        keep_alive = "keep-alive" in connection_header
+    keep_alive = _keeps_alive(parts[2], headers.get("connection", ""))
     try:
         connection.recv(end + 4)  # the request, peeked above: the next read starts after it
         connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * _INLINE_MAX_BODY)
