@@ -48,7 +48,8 @@ _SERVE_FLAGS = {
     "--sim.seed": ("simulate.seed", "seed of the scenario's noise"),
     "--sim.time": (
         "simulate.time",
-        "pin the scenario clock at this many seconds after its epoch (for reproducible output)",
+        "pin the scenario clock at this many seconds after its epoch; retries and slow reads "
+        "follow the scenario clock, so a pinned one gives the same output every run",
     ),
 }
 

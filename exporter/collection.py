@@ -10,6 +10,7 @@ until it finishes, so a wedged driver call never piles up threads.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import Counter, defaultdict
@@ -182,7 +183,7 @@ class _Backoff:
 
     def __init__(self) -> None:
         self.delay = _BACKOFF_START_SECONDS
-        self.next_attempt = 0.0
+        self.next_attempt = -math.inf  # due at once, whatever the clock reads
 
     def due(self, now: float) -> bool:
         # Cycles come once per interval, a little early or late: a retry due one interval
@@ -195,7 +196,7 @@ class _Backoff:
 
     def reset(self) -> None:
         self.delay = _BACKOFF_START_SECONDS
-        self.next_attempt = 0.0
+        self.next_attempt = -math.inf
 
 
 @dataclass
@@ -258,6 +259,8 @@ class Collection:
         options: Mapping[str, Mapping[str, Any]] | None = None,
         slow_interval: float = 0.0,
         wall_clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        widen_after: float = _WIDEN_AFTER,
     ) -> None:
         self._specs = [REGISTRY[name] for name, on in enabled.items() if on and name in REGISTRY]
         self._layout = Layout(self._specs)
@@ -269,8 +272,12 @@ class Collection:
         self._timeout = timeout
         # Values that change rarely are read again once per slow interval (0: every cycle).
         self._slow_interval = slow_interval
-        self._next_slow = 0.0
+        self._next_slow = -math.inf
         self._wall_clock = wall_clock
+        # Schedules retries and slow reads: the node's time. The simulated node's clock under
+        # --simulate, so that a pinned scenario clock repeats the same output (golden files).
+        self._clock = clock
+        self._widen_after = widen_after
         self._gpus: dict[int, _Gpu] = {}
         self._workers: Workers | None = None
         self._nvml_up = False
@@ -291,7 +298,7 @@ class Collection:
         """Collect once and publish the snapshot. Never raises for NVML trouble."""
         with self._lock:
             started = time.perf_counter()
-            now = time.monotonic()
+            now = self._clock()
             if not self._nvml_up and self._init_backoff.due(now):
                 self._start_nvml(now)
             runs: list[CollectorRun] = []
@@ -437,7 +444,7 @@ class Collection:
             run_collector(name, collector.collect, slow_due=slow_due)
             for name, collector in self._node_collectors.items()
         ]
-        widen_after = _WIDEN_AFTER * (_SLOW_CYCLE_WORK if slow_due else 1)
+        widen_after = self._widen_after * (_SLOW_CYCLE_WORK if slow_due else 1)
         while queue and time.monotonic() < deadline:
             done, running = wait(running, timeout=widen_after, return_when=FIRST_COMPLETED)
             starting, queue = (queue[: len(done)], queue[len(done) :]) if done else (queue, [])
@@ -519,7 +526,7 @@ class Collection:
         gpu.device = None
         _close_all(gpu.collectors)
         gpu.collectors = {}
-        gpu.retry.failed(time.monotonic())
+        gpu.retry.failed(self._clock())
         self._problems.report(
             ("gpu", gpu.index),
             "GPU %d (%s) lost: %s",

@@ -29,7 +29,7 @@ class Daemon:
     lines: list[str] = field(default_factory=list)
 
     def get(self, path: str, **kwargs: object) -> requests.Response:
-        kwargs.setdefault("timeout", 5)
+        kwargs.setdefault("timeout", 10)
         return requests.get(self.url + path.lstrip("/"), **kwargs)  # type: ignore[arg-type]
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -99,7 +99,7 @@ def start_daemon(*args: str, env: dict[str, str] | None = None, wait_ready: bool
         seen.set()
 
     threading.Thread(target=drain, daemon=True).start()
-    if not seen.wait(timeout=20) or not daemon.url:
+    if not seen.wait(timeout=30) or not daemon.url:
         process.kill()
         raise AssertionError(f"gpuload serve did not start:\n{daemon.log()}")
     if wait_ready:

@@ -47,6 +47,9 @@ NON_DETERMINISTIC = re.compile(
 )
 
 
+_LAST_COLLECTION = re.compile(r"^gpuload_last_collection_timestamp_seconds (\S+)$", re.M)
+
+
 def deterministic(text: str) -> str:
     return "".join(
         line for line in text.splitlines(keepends=True) if not NON_DETERMINISTIC.match(line)
@@ -54,16 +57,23 @@ def deterministic(text: str) -> str:
 
 
 def settled_scrape(daemon: Daemon) -> str:
-    """Scrape until three scrapes in a row agree: events and lost GPUs have been seen."""
-    previous, agreeing = "", 0
-    deadline = time.monotonic() + 15
+    """Scrape until three cycles in a row give the same output: events and lost GPUs seen.
+
+    With the scenario clock pinned nothing is rescheduled (retries, slow reads follow it), so
+    the output settles whatever the machine's speed; scrapes of one cycle count once.
+    """
+    previous, cycle, agreeing = "", "", 0
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         text = daemon.get("/metrics").text
-        agreeing = agreeing + 1 if deterministic(text) == deterministic(previous) else 0
-        if agreeing == 2:
-            return text
-        previous = text
-        time.sleep(0.3)
+        completed = _LAST_COLLECTION.search(text)
+        if completed and completed.group(1) != cycle:
+            cycle = completed.group(1)
+            agreeing = agreeing + 1 if deterministic(text) == deterministic(previous) else 0
+            if agreeing == 2:
+                return text
+            previous = text
+        time.sleep(0.1)
     raise AssertionError("/metrics did not settle")
 
 

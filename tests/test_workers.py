@@ -34,8 +34,10 @@ def test_the_thread_idle_last_takes_the_next_task() -> None:
 
     try:
         go = threading.Event()
-        wait([workers.submit(go.wait, 5) for _ in range(8)], timeout=0.2)
+        started = [workers.submit(go.wait, 30) for _ in range(8)]  # all busy: 8 threads
         go.set()
+        # A thread counts itself idle before it hands back its result: all 8 are idle now.
+        assert all(future.result(timeout=30) for future in started)
         running, left, seen = {workers.submit(task) for _ in range(2)}, 60, set()
         while running:
             done, running = wait(running, timeout=10, return_when=FIRST_COMPLETED)

@@ -7,6 +7,8 @@ import gc
 import logging
 import signal
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -23,16 +25,18 @@ from exporter.server.status import StatusPage
 log = logging.getLogger(__name__)
 
 
-def _install_simulator(config: Config) -> None:
+def _install_simulator(config: Config) -> Callable[[], float]:
+    """Install the simulated NVML; returns its node's clock (scenario seconds)."""
     # Imported here: a real deployment never loads the simulator.
     from exporter import sim
 
     settings = config.simulate
     assert settings.scenario is not None
-    sim.install(
+    library = sim.install(
         settings.scenario, epoch=settings.epoch, seed=settings.seed, pinned_time=settings.time
     )
     log.info("using the simulated NVML, scenario %s (not a real GPU)", settings.scenario)
+    return library.elapsed
 
 
 def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
@@ -96,13 +100,15 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     """Run the exporter until SIGTERM/SIGINT (or `stop` is set); returns the exit code."""
     tuned = malloc.tune()  # before the GPU workers start
     log.debug("malloc settings applied: %s", ", ".join(tuned) or "none")
-    if config.simulate.scenario:
-        _install_simulator(config)
+    # Retries and slow reads are scheduled on the node's clock: the simulated node's when
+    # simulating, so that a pinned scenario clock (--sim.time) gives the same output every run.
+    clock = _install_simulator(config) if config.simulate.scenario else time.monotonic
     collection = Collection(
         config.collectors,
         timeout=config.effective_collect_timeout,
         options=config.collector_options,
         slow_interval=config.collect_slow_interval,
+        clock=clock,
     )
     app = Application(
         lambda: collection.snapshot, config.web.telemetry_path, front_pid=lambda: server.pid
