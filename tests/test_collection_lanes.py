@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pynvml
-from helpers import parse_metrics, series, value_of
+from helpers import Clock, parse_metrics, series, value_of
 from prometheus_client import generate_latest
 
 from exporter import sim
@@ -250,3 +250,34 @@ def test_gpus_not_started_within_the_timeout_are_reported_stale_not_left_out(
             # Each GPU is either in the snapshot or said to be stale: none is silently absent.
             assert collected | stale == {str(gpu) for gpu in range(8)}, (collected, stale)
             time.sleep(0.05)
+
+
+def test_a_lost_gpu_is_retried_when_the_collection_clock_says_so_however_many_cycles_run(
+    tmp_path: Path,
+) -> None:
+    # The clock that schedules retries is the one given (the simulated node's under
+    # --simulate): cycles that come while it stands still retry nothing.
+    faults = """
+        faults:
+          - {kind: gpu_lost, gpu: 1, at: 0}
+        """
+    clock = Clock(5.0)
+    sim.install(_scenario(tmp_path, 2, "0", faults), clock=clock, epoch=0)
+    collection = Collection(dict.fromkeys(REGISTRY, True), timeout=60, clock=clock)
+
+    def lost_errors(cycles: int) -> float | None:
+        for _ in range(cycles):
+            samples = _samples(collection.run_cycle())
+        return value_of(samples, "gpuload_nvml_errors_total", collector="nvml", error="gpu_is_lost")
+
+    try:
+        assert lost_errors(5) == 1
+        clock.now = 6.0  # one second later: the first retry
+        assert lost_errors(5) == 2
+        clock.now = 7.5  # the next is two seconds after it
+        assert lost_errors(3) == 2
+        clock.now = 8.0
+        assert lost_errors(3) == 3
+    finally:
+        collection.close()
+        sim.uninstall()
