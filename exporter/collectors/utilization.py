@@ -2,7 +2,8 @@
 
 Families:
     gpu_utilization_ratio: mean of nvmlDeviceGetSamples(GPU_UTILIZATION_SAMPLES) since the
-        previous collection; nvmlDeviceGetUtilizationRates().gpu where samples are unsupported.
+        previous collection; nvmlDeviceGetUtilizationRates().gpu where samples are unsupported
+        or none is new (the driver adds none while the GPU is idle: NOT_FOUND).
     gpu_memory_utilization_ratio: the same with MEMORY_UTILIZATION_SAMPLES / .memory.
     gpu_encoder_utilization_ratio: nvmlDeviceGetEncoderUtilization / 100.
     gpu_decoder_utilization_ratio: nvmlDeviceGetDecoderUtilization / 100.
@@ -64,24 +65,29 @@ class UtilizationCollector:
 
     def __init__(self) -> None:
         self._last_seen_us = {"gpu": 0, "memory": 0}
-        self._last_mean: dict[str, float | None] = {"gpu": None, "memory": None}
 
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Yield the utilization ratios that this GPU reports."""
         means = self._sample_means(device, read)
-        if means is None:
+        if means is None or None in means:
+            # No samples (older GPUs, MIG), or no new one since the last collection: the
+            # driver's ring runs dry on an idle GPU, so the last mean is not what it does now.
             rates = read(
                 device.utilization,
                 valid=lambda u: is_percent(u.gpu_percent) and is_percent(u.memory_percent),
                 what="utilization",
             )
-            means = None if rates is None else (rates.gpu_percent, rates.memory_percent)
-        if means is not None:
-            gpu, memory = means
-            if gpu is not None:
-                yield Sample("gpu_utilization_ratio", ratio_from_percent(gpu))
-            if memory is not None:
-                yield Sample("gpu_memory_utilization_ratio", ratio_from_percent(memory))
+            instant = (None, None) if rates is None else (rates.gpu_percent, rates.memory_percent)
+            means = (
+                instant
+                if means is None
+                else tuple(instant[k] if mean is None else mean for k, mean in enumerate(means))
+            )
+        gpu, memory = means
+        if gpu is not None:
+            yield Sample("gpu_utilization_ratio", ratio_from_percent(gpu))
+        if memory is not None:
+            yield Sample("gpu_memory_utilization_ratio", ratio_from_percent(memory))
         encoder = read(device.encoder_utilization_percent, valid=is_percent)
         if encoder is not None:
             yield Sample("gpu_encoder_utilization_ratio", ratio_from_percent(encoder))
@@ -90,9 +96,9 @@ class UtilizationCollector:
             yield Sample("gpu_decoder_utilization_ratio", ratio_from_percent(decoder))
 
     def _sample_means(self, device: Device, read: Reader) -> tuple[float | None, ...] | None:
-        """Mean percent of each kind since the last collection; None to use the rates.
+        """Mean percent of each kind since the last collection (None: no new sample).
 
-        Older GPUs and GPUs in MIG mode have no samples: the instant rates stand in.
+        None for both when the GPU has no samples (older GPUs, GPUs in MIG mode).
         """
         means = []
         for kind in ("gpu", "memory"):
@@ -108,14 +114,12 @@ class UtilizationCollector:
 
     def _mean_of_new(self, kind: str, samples: list[tuple[int, float]]) -> float | None:
         if not samples:
-            # No new sample since the last collection: the last mean still holds.
-            return self._last_mean[kind]
+            return None
         newest = max(timestamp for timestamp, _ in samples)
         if self._last_seen_us[kind] == 0:
             samples = [(t, v) for t, v in samples if t > newest - _FIRST_WINDOW_US]
         self._last_seen_us[kind] = newest
-        self._last_mean[kind] = sum(value for _, value in samples) / len(samples)
-        return self._last_mean[kind]
+        return sum(value for _, value in samples) / len(samples)
 
 
 def _all_percent(samples: list[tuple[int, float]]) -> bool:

@@ -745,6 +745,21 @@ _SAMPLE_TYPES: dict[int, tuple[str, float, str | None]] = {
 }
 
 
+# Utilization the driver samples only while the GPU is not idle: an idle GPU adds no sample and
+# the call answers NOT_FOUND (nvml.h: "NVML_ERROR_NOT_FOUND if sample entries are not found";
+# rings dry for minutes on an idle GPU, polarsignals/gpu-metrics-agent PR 37). Power and clocks
+# keep coming. Idle here: nothing running and the engine at 0%, so a job's troughs are sampled.
+_BUSY_ONLY = frozenset(
+    {"utilization", "memory_utilization", "encoder_utilization", "decoder_utilization"}
+)
+
+
+def _idle(gpu: SimulatedGpu, metric: str, t: float) -> bool:
+    if round(gpu.value(metric, t) * 100):
+        return False
+    return not gpu.processes(t, "compute") and not gpu.processes(t, "graphics")
+
+
 @device("nvmlDeviceGetSamples", feature="samples")
 def _samples(
     call: Call, sampling_type: Any, last_seen: Any, value_type: Any, count_ref: Any, samples: Any
@@ -763,6 +778,7 @@ def _samples(
         (stamp, k)
         for k in gpu.sample_indices(call.t)
         if (stamp := sim.unix_us(k / SAMPLES_PER_SECOND)) > seen
+        and (metric not in _BUSY_ONLY or not _idle(gpu, metric, k / SAMPLES_PER_SECOND))
     ]
     if not fresh:
         return NOT_FOUND
