@@ -410,6 +410,15 @@ class Collection:
             self._problems.resolve(
                 ("gpu", gpu.index), "GPU %d (%s) is reporting", gpu.index, identity.uuid
             )
+            for label, error in identity.failed:
+                self._errors[("identity", error.name)] += 1
+                log.warning(
+                    "GPU %d: reading its %s failed (%s); gpu_info's %s label is empty",
+                    gpu.index,
+                    label,
+                    error,
+                    label,
+                )
 
     def _build_collectors(self, scope: str) -> dict[str, Any]:
         return {

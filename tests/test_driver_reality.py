@@ -7,6 +7,7 @@ log, a recorded machine); the tests drive it through the real pynvml on the simu
 from __future__ import annotations
 
 import textwrap
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -92,3 +93,65 @@ def test_the_idle_alert_fires_for_a_gpu_whose_sample_ring_ran_dry(tmp_path: Path
             clock.now = t
             evaluator.observe(snapshot_samples(collection.run_cycle()), t)
     assert "GPUUtilizationLow" in {alert.name for alert in evaluator.firing()}
+
+
+@pytest.mark.parametrize("scenario", sim.scenario_names())
+def test_no_scenario_exposes_a_series_twice(scenario: str) -> None:
+    # Every MIG instance, link, process and reason is one series: Prometheus rejects a scrape
+    # that repeats one (a MIG GPU instance split into compute instances is one way to do it).
+    sim.install(scenario, pinned_time=300, seed=7)
+    collection = Collection(dict.fromkeys(REGISTRY, True), timeout=60)
+    try:
+        for _ in range(2):
+            snapshot = collection.run_cycle()
+    finally:
+        collection.close()
+        sim.uninstall()
+    lines = [
+        line.rsplit(" ", 1)[0]
+        for line in generate_latest(build_registry(lambda: snapshot)).decode().splitlines()
+        if line and not line.startswith("#")
+    ]
+    repeated = sorted(line for line, count in Counter(lines).items() if count > 1)
+    assert repeated == [], repeated
+
+
+TWO_GPUS = """
+name: identity
+driver: {version: "550.90.07", cuda_version: 12040}
+gpus:
+  - {model: h100-sxm, count: 2}
+phases:
+  - {duration: 1h, utilization: 0.5, power: 300W}
+"""
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "label"),
+    [
+        ("nvmlDeviceGetSerial", "UNKNOWN", "serial"),
+        ("nvmlDeviceGetSerial", "NO_PERMISSION", "serial"),
+        ("nvmlDeviceGetPciInfo_v3", "UNKNOWN", "pci_bus_id"),
+        ("nvmlDeviceGetVbiosVersion", "NO_PERMISSION", "vbios_version"),
+    ],
+)
+def test_an_identity_read_that_fails_leaves_that_label_empty_and_is_counted(
+    tmp_path: Path, call: str, error: str, label: str
+) -> None:
+    faults = f"""
+    faults:
+      - {{kind: error, gpu: 1, call: {call}, error: {error}}}
+    """
+    with _node(tmp_path, TWO_GPUS + textwrap.dedent(faults), at=30) as (_, collection):
+        snapshot = collection.run_cycle()
+    samples = parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+    info = {dict(k)["gpu"]: dict(k) for (name, k) in samples if name == "gpu_info"}
+    assert info["1"][label] == "" and info["0"][label] != "", info
+    assert {dict(k)["gpu"] for (name, k) in samples if name == "gpu_utilization_ratio"} == {
+        "0",
+        "1",
+    }
+    counted = value_of(
+        samples, "gpuload_nvml_errors_total", collector="identity", error=error.lower()
+    )
+    assert counted == 1

@@ -11,6 +11,7 @@ for anything else.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ class Identity:
     pci_bus_id: str
     serial: str
     vbios_version: str
+    # (label, error) of each optional read that failed: its label is left empty.
+    failed: tuple[tuple[str, NvmlError], ...] = dataclasses.field(default=(), compare=False)
 
 
 @dataclass(frozen=True)
@@ -168,28 +171,41 @@ class Device:
         return self._handle
 
     def identity(self) -> Identity:
-        """Read the GPU's identity. UUID and name are required; the rest may be empty."""
+        """Read the GPU's identity. UUID and name are required; the rest may be empty.
+
+        Real drivers answer UNKNOWN or NO_PERMISSION for the serial, PCI info or VBIOS of some
+        GPUs: that label is left empty and the error kept in ``failed``, never raised, so that
+        the GPU (and the node) still reports. Lifecycle errors are raised: the GPU is gone.
+        """
         with translated():
             uuid = _text(pynvml.nvmlDeviceGetUUID(self._handle))
             name = _text(pynvml.nvmlDeviceGetName(self._handle))
+        failed: list[tuple[str, NvmlError]] = []
+
+        def optional(label: str, read: Callable[[], Any]) -> str:
+            try:
+                with translated():
+                    return _text(read())
+            except NotSupported:
+                return ""  # consumer GPUs have no serial: empty, not missing
+            except NvmlError as error:
+                if error.lifecycle:
+                    raise
+                failed.append((label, error))
+                return ""
+
+        handle = self._handle
         return Identity(
             index=self.index,
             uuid=uuid,
             name=name,
-            pci_bus_id=self._optional_text(lambda: pynvml.nvmlDeviceGetPciInfo(self._handle).busId),
-            serial=self._optional_text(lambda: pynvml.nvmlDeviceGetSerial(self._handle)),
-            vbios_version=self._optional_text(
-                lambda: pynvml.nvmlDeviceGetVbiosVersion(self._handle)
+            pci_bus_id=optional("pci_bus_id", lambda: pynvml.nvmlDeviceGetPciInfo(handle).busId),
+            serial=optional("serial", lambda: pynvml.nvmlDeviceGetSerial(handle)),
+            vbios_version=optional(
+                "vbios_version", lambda: pynvml.nvmlDeviceGetVbiosVersion(handle)
             ),
+            failed=tuple(failed),
         )
-
-    @staticmethod
-    def _optional_text(read: Any) -> str:
-        # Consumer GPUs have no serial; an info label is then empty, not missing.
-        try:
-            return _text(read())
-        except pynvml.NVMLError_NotSupported:
-            return ""
 
     def utilization(self) -> Utilization:
         """nvmlDeviceGetUtilizationRates: percent busy over the last sample period."""
