@@ -410,13 +410,13 @@ class Collection:
             self._problems.resolve(
                 ("gpu", gpu.index), "GPU %d (%s) is reporting", gpu.index, identity.uuid
             )
-            for label, error in identity.failed:
-                self._errors[("identity", error.name)] += 1
+            for label, failure in identity.failed:
+                self._errors[("identity", failure.name)] += 1
                 log.warning(
                     "GPU %d: reading its %s failed (%s); gpu_info's %s label is empty",
                     gpu.index,
                     label,
-                    error,
+                    failure,
                     label,
                 )
 
