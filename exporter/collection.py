@@ -174,6 +174,7 @@ class CollectorRun:
     labels: tuple[str, ...] = ()
     errors: tuple[NvmlError, ...] = ()
     invalid: tuple[str, ...] = ()
+    refused: tuple[str, ...] = ()  # reads NVML answered NO_PERMISSION
     exception: str | None = None
     seconds: float = 0.0
 
@@ -207,6 +208,8 @@ class _Gpu:
     collectors: dict[str, Any] = field(default_factory=dict)
     # Reads its device answered NOT_SUPPORTED, skipped until the next slow cycle (`Reader`).
     unsupported: set[Hashable] = field(default_factory=set)
+    # (collector, read) that NVML refused (NO_PERMISSION), asked again with the unsupported.
+    refused: set[tuple[str, str]] = field(default_factory=set)
     in_flight: Future[list[CollectorRun]] | None = None
     current_collector: str = ""
     profiling: str = "none"
@@ -243,6 +246,7 @@ def run_collector(
         labels=labels,
         errors=tuple(read.errors),
         invalid=tuple(read.invalid),
+        refused=tuple(read.refused),
         exception=exception,
         seconds=time.perf_counter() - started,
     )
@@ -478,6 +482,7 @@ class Collection:
             gpu.in_flight = None
             self._problems.resolve(("stale", gpu.index), "GPU %d: collection returned", gpu.index)
             gpu_runs = future.result()
+            gpu.refused |= {(run.name, read) for run in gpu_runs for read in run.refused}
             runs.extend(gpu_runs)
             lost_driver |= self._check_lifecycle(gpu, gpu_runs)
         if lost_driver:
@@ -497,6 +502,7 @@ class Collection:
         device, labels = gpu.device, (str(gpu.index), gpu.identity.uuid)
         if slow_due:
             gpu.unsupported = set()  # everything is asked again once per slow interval
+            gpu.refused = set()
         fields = _fields_wanted(gpu.collectors, slow_due)
         if fields:
             gpu.current_collector = "field values"
@@ -644,6 +650,14 @@ class Collection:
         )
         for (collector, error_name), count in sorted(self._errors.items()):
             errors.add_metric([collector, error_name], count)
+        refused = GaugeMetricFamily(
+            "gpuload_nvml_permission_denied",
+            "GPUs on which NVML refused a read to this process (NO_PERMISSION), by collector and "
+            "read: those series are absent. Whole-GPU memory and processes on MIG GPUs need root.",
+            labels=["collector", "read"],
+        )
+        for (collector, read), gpus in self._refused().items():
+            refused.add_metric([collector, read], len(gpus))
         exceptions = CounterMetricFamily(
             "gpuload_collector_exceptions_total",
             "Collector runs that raised an unexpected exception (a bug: please report it).",
@@ -656,6 +670,7 @@ class Collection:
             duration,
             last_success,
             errors,
+            refused,
             exceptions,
             GaugeMetricFamily(
                 "gpuload_nvml_up",
@@ -674,6 +689,24 @@ class Collection:
             ),
             _build_info(),
         ]
+
+    def _refused(self) -> dict[tuple[str, str], list[int]]:
+        """(collector, read) -> the GPUs that refused it; each logged once with what to do."""
+        refused: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for gpu in self._gpus.values():
+            for key in sorted(gpu.refused):
+                refused[key].append(gpu.index)
+        for (collector, read), gpus in refused.items():
+            self._problems.report(
+                ("refused", collector, read),
+                "collector %s: NVML refused %s to this process on GPU %s (NO_PERMISSION); "
+                "the series is absent. %s",
+                collector,
+                read,
+                ", ".join(map(str, gpus)),
+                _PERMISSION_HINT,
+            )
+        return refused
 
     def _account(self, runs: list[CollectorRun]) -> set[str]:
         """Count errors, log problems once per collector and GPU; return failed collectors."""
@@ -724,6 +757,14 @@ def _close_all(collectors: Mapping[str, Any]) -> None:
             log.debug("collector %s: releasing its resources: %s", name, error)
         except Exception:  # releasing one collector must not stop the others
             log.warning("collector %s: releasing its resources failed", name, exc_info=True)
+
+
+# What to change when NVML refuses a read (nvml.h: MIG whole-GPU memory and processes "only if
+# the caller has appropriate privileges"; GPM in containers, DCGM issue 214).
+_PERMISSION_HINT = (
+    "NVML answers it only to a privileged caller: run gpuload as root (Helm: "
+    "exporter.securityContext.runAsUser: 0 and runAsNonRoot: false) if you need it"
+)
 
 
 def _describe_problem(run: CollectorRun, unexpected: list[NvmlError]) -> str:

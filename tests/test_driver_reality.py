@@ -21,7 +21,7 @@ from exporter import sim
 from exporter.alerting import thresholds
 from exporter.alerting.evaluator import Evaluator
 from exporter.alerting.history import snapshot_samples
-from exporter.collection import Collection
+from exporter.collection import Collection, Snapshot
 from exporter.collectors import REGISTRY
 from exporter.server.http import build_registry
 
@@ -53,9 +53,13 @@ def _node(tmp_path: Path, scenario: str, at: float) -> Iterator[tuple[Clock, Col
         sim.uninstall()
 
 
+def _scrape(snapshot: Snapshot) -> dict:
+    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+
+
 def _utilization(collection: Collection) -> float | None:
     snapshot = collection.run_cycle()
-    samples = parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+    samples = _scrape(snapshot)
     labels = next(dict(k) for (name, k) in samples if name == "gpu_utilization_ratio")
     return value_of(samples, "gpu_utilization_ratio", **labels)
 
@@ -144,7 +148,7 @@ def test_an_identity_read_that_fails_leaves_that_label_empty_and_is_counted(
     """
     with _node(tmp_path, TWO_GPUS + textwrap.dedent(faults), at=30) as (_, collection):
         snapshot = collection.run_cycle()
-    samples = parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+    samples = _scrape(snapshot)
     info = {dict(k)["gpu"]: dict(k) for (name, k) in samples if name == "gpu_info"}
     assert info["1"][label] == "" and info["0"][label] != "", info
     assert {dict(k)["gpu"] for (name, k) in samples if name == "gpu_utilization_ratio"} == {
@@ -155,3 +159,154 @@ def test_an_identity_read_that_fails_leaves_that_label_empty_and_is_counted(
         samples, "gpuload_nvml_errors_total", collector="identity", error=error.lower()
     )
     assert counted == 1
+
+
+def _processes_scenario(driver: str, gpus: int = 1) -> str:
+    return f"""
+    name: processes
+    driver: {{version: "{driver}", cuda_version: 12020}}
+    gpus:
+      - {{model: h100-sxm, count: {gpus}}}
+    phases:
+      - duration: 1h
+        utilization: 0.9
+        processes:
+          - {{name: python train.py, memory: 30GiB}}
+          - {{name: python eval.py, memory: 10GiB}}
+          - {{name: tritonserver, memory: 5GiB}}
+    """
+
+
+def _process_memory(collection: Collection) -> dict[str, float]:
+    snapshot = collection.run_cycle()
+    samples = _scrape(snapshot)
+    return {
+        dict(k)["process"]: v
+        for (name, k), v in samples.items()
+        if name == "gpu_process_memory_used_bytes"
+    }
+
+
+@pytest.mark.parametrize(
+    "driver",
+    [
+        "470.223.02",  # no _v3: _v2
+        "535.54.03",  # _v3 writes the early-R535 32-byte record
+        "535.98",  # no _v3 in this one release: _v2
+        "535.104.05",  # _v3, 24 bytes again
+        "550.90.07",
+    ],
+)
+def test_process_lists_are_read_with_the_record_each_driver_writes(
+    tmp_path: Path, driver: str
+) -> None:
+    with _node(tmp_path, _processes_scenario(driver), at=30) as (_, collection):
+        memory = _process_memory(collection)
+    assert memory == {
+        "python train.py": 30 * 2**30,
+        "python eval.py": 10 * 2**30,
+        "tritonserver": 5 * 2**30,
+    }
+
+
+def test_a_process_struct_of_the_wrong_size_reads_garbage_as_on_hardware(tmp_path: Path) -> None:
+    # pynvml's own _v3 wrapper declares the 24-byte record; an early R535 driver writes 32.
+    with _node(tmp_path, _processes_scenario("535.54.03"), at=30):
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        read = pynvml.nvmlDeviceGetComputeRunningProcesses_v3(handle)
+        pynvml.nvmlShutdown()
+    truth = {30 * 2**30, 10 * 2**30, 5 * 2**30}
+    assert read[0].usedGpuMemory in truth  # the first record is where both agree
+    assert {process.usedGpuMemory for process in read} != truth, read
+
+
+def _pcie_scenario(driver: str) -> str:
+    return f"""
+    name: pcie
+    driver: {{version: "{driver}", cuda_version: 12040}}
+    gpus:
+      - model: h100-sxm
+    phases:
+      - {{duration: 1h, utilization: 0.9, pcie_tx: 2GB/s, pcie_rx: 1GB/s}}
+    """
+
+
+@pytest.mark.parametrize(("driver", "fields"), [("550.90.07", False), ("555.42.02", True)])
+def test_pcie_byte_fields_exist_from_r555_and_older_drivers_fall_back(
+    tmp_path: Path, driver: str, fields: bool
+) -> None:
+    with _node(tmp_path, _pcie_scenario(driver), at=30) as (clock, collection):
+        library = pynvml.nvmlLib
+        for t in (30, 31, 32):
+            clock.now = t
+            snapshot = collection.run_cycle()
+        throughput_calls = library.calls["nvmlDeviceGetPcieThroughput"]
+    samples = _scrape(snapshot)
+    assert value_of(samples, "gpuload_collector_success", collector="pcie") == 1
+    assert not [k for (name, k) in samples if name == "gpuload_nvml_errors_total"], samples
+    sent = [v for (name, _), v in samples.items() if name == "gpu_pcie_transmit_bytes_total"]
+    assert len(sent) == 1 and sent[0] > 0
+    assert (throughput_calls == 0) == fields
+
+
+# A job that computes for a minute, then sits idle with its process (and memory) still there.
+JOB_GOES_IDLE = """
+name: job-goes-idle
+driver: {version: "550.90.07", cuda_version: 12040}
+loop: false
+gpus:
+  - model: h100-sxm
+phases:
+  - {duration: 60s, utilization: 0.9, processes: [{name: python train.py, memory: 30GiB}]}
+  - {duration: 1h, utilization: 0, memory_utilization: 0,
+     processes: [{name: python train.py, memory: 30GiB}]}
+"""
+
+
+def test_a_process_that_stops_computing_reads_zero_not_its_last_busy_figure(
+    tmp_path: Path,
+) -> None:
+    with _node(tmp_path, JOB_GOES_IDLE, at=50) as (clock, collection):
+        readings = []
+        for t in (50, 51, 65, 66):
+            clock.now = t
+            snapshot = collection.run_cycle()
+            samples = _scrape(snapshot)
+            readings.append(
+                [
+                    v
+                    for (name, _), v in samples.items()
+                    if name == "gpu_process_sm_utilization_ratio"
+                ]
+            )
+    assert readings[1][0] > 0.8, readings
+    assert readings[3] == [0.0], readings
+
+
+def test_a_read_refused_for_lack_of_privilege_is_reported_not_counted_as_a_failure(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    faults = """
+    faults:
+      - {kind: error, gpu: 1, call: nvmlDeviceGetMemoryInfo_v2, error: NO_PERMISSION}
+      - {kind: error, gpu: 1, call: nvmlDeviceGetComputeRunningProcesses_v3, error: NO_PERMISSION}
+    """
+    scenario = textwrap.dedent(_processes_scenario("550.90.07", gpus=2)) + textwrap.dedent(faults)
+    with _node(tmp_path, scenario, at=30) as (clock, collection):
+        for t in (30, 31, 32):
+            clock.now = t
+            samples = _scrape(collection.run_cycle())
+    memory = {dict(k)["gpu"] for (name, k) in samples if name == "gpu_memory_used_bytes"}
+    assert memory == {"0"}
+    assert value_of(samples, "gpuload_collector_success", collector="memory") == 1
+    assert value_of(samples, "gpuload_collector_success", collector="processes") == 1
+    assert not [k for (name, k) in samples if name == "gpuload_nvml_errors_total"]
+    refused = {
+        (dict(k)["collector"], dict(k)["read"]): v
+        for (name, k), v in samples.items()
+        if name == "gpuload_nvml_permission_denied"
+    }
+    assert refused == {("memory", "memory"): 1, ("processes", "compute_processes"): 1}
+    logged = [r.getMessage() for r in caplog.records if "NO_PERMISSION" in r.getMessage()]
+    assert len(logged) == 2 and all("run gpuload as root" in line for line in logged), logged

@@ -57,6 +57,10 @@ class Reader:
     A read of `device` that NVML answered NOT_SUPPORTED (no fan on an SXM board, no video
     encoder on an H100) goes into `unsupported` and is not asked again while slow reads
     are not due: the framework empties that set once per slow interval.
+
+    NO_PERMISSION is an answer to expect, not a failure: an unprivileged caller is refused
+    whole-GPU memory and processes on MIG GPUs, and GPM in some containers (nvml-facts.md).
+    The read's name goes into `refused`, and the read is asked again once per slow interval.
     """
 
     def __init__(
@@ -70,6 +74,7 @@ class Reader:
         self.slow_due = slow_due
         self.errors: list[NvmlError] = []
         self.invalid: list[str] = []
+        self.refused: list[str] = []  # the names of reads NVML answered NO_PERMISSION
         # Why the last read gave None: an error, or None when the value is simply absent.
         self.last_error: NvmlError | None = None
         # Without a set to keep them in, nothing is remembered.
@@ -95,6 +100,11 @@ class Reader:
                 self._unsupported.add(key)
             return None
         except NvmlError as error:
+            if error.code == pynvml.NVML_ERROR_NO_PERMISSION:
+                self.refused.append(what or _read_name(read))
+                if key is not None:
+                    self._unsupported.add(key)
+                return None
             self.errors.append(error)
             self.last_error = error
             return None
@@ -102,6 +112,12 @@ class Reader:
             self.invalid.append(f"{what or getattr(read, '__name__', 'value')}={value!r}")
             return None
         return value
+
+
+def _read_name(read: Callable[[], object]) -> str:
+    """The name of the Device method (or function) behind a read: bounded, for a label."""
+    function: Any = read.func if isinstance(read, partial) else read
+    return str(getattr(function, "__name__", "read"))
 
 
 def _read_key(read: Callable[[], object], device: Device | None) -> Hashable | None:

@@ -6,7 +6,8 @@ Families:
         the rest summed under pid="" process="(other)" so cardinality stays bounded.
     gpu_process_sm_utilization_ratio{pid,process}: mean SM utilization of each of those
         processes since the previous collection (nvmlDeviceGetProcessUtilization), where
-        the GPU reports it.
+        the GPU reports it; 0 for a process the driver has no sample of (it samples only
+        processes that used the GPU, and answers NOT_FOUND when none did).
 
 PIDs are in the host's PID namespace; names come from nvmlSystemGetProcessName, which
 reads them from /proc and is empty when the exporter cannot see the host's processes
@@ -88,10 +89,15 @@ class ProcessesCollector:
         if samples:
             self._last_seen_us = max(sample.timestamp_us for sample in samples)
             self._sm_ratios = _sm_ratios(samples, labels)
-        # No new sample since the last collection: the last figures still hold.
-        for key, ratio in self._sm_ratios.items():
-            if key == OTHER or key in labels.values():
-                yield Sample("gpu_process_sm_utilization_ratio", ratio, key)
+        elif _gpu_idle(device, read):
+            # The driver samples only processes that used the GPU: none, and the GPU idle now.
+            self._sm_ratios = {}
+        # Otherwise no sample period has passed since the last collection: the figures hold.
+        # A shown process without a sample used no SM.
+        for key in labels.values():
+            yield Sample("gpu_process_sm_utilization_ratio", self._sm_ratios.get(key, 0.0), key)
+        if OTHER in self._sm_ratios:
+            yield Sample("gpu_process_sm_utilization_ratio", self._sm_ratios[OTHER], OTHER)
 
     def _name(self, pid: int) -> str:
         if pid not in self._names:
@@ -110,6 +116,11 @@ def _sm_ratios(
     for pid, values in percents.items():
         ratios[labels.get(pid, OTHER)] += sum(values) / len(values) / 100
     return {key: min(ratio, 1.0) for key, ratio in ratios.items()}
+
+
+def _gpu_idle(device: Device, read: Reader) -> bool:
+    rates = read(device.utilization, what="utilization")
+    return rates is not None and rates.gpu_percent == 0
 
 
 def _total_memory(processes: list[ProcessMemory]) -> int:

@@ -159,6 +159,8 @@ class Device:
     def __init__(self, index: int, handle: Any) -> None:
         self.index = index
         self._handle = handle
+        # The process-list function and record this driver has, found on the first read.
+        self._process_list: tuple[str, type[ctypes.Structure]] | None = None
         # nvmlDeviceGetSamples buffer sizes by sample type, where the driver asked for more.
         self._sample_slots: dict[int, int] = {}
         # This cycle's fields, read in one call (`read_fields_ahead`): the values, or the error.
@@ -474,11 +476,18 @@ class Device:
             return bool(pynvml.nvmlDeviceGetRetiredPagesPendingStatus(self._handle))
 
     def compute_processes(self) -> list[ProcessMemory]:
-        """nvmlDeviceGetComputeRunningProcesses: PIDs (host namespace) and their memory."""
+        """nvmlDeviceGetComputeRunningProcesses: PIDs (host namespace) and their memory.
+
+        The newest of _v3, _v2 and v1 that the driver exports, read with the record size that
+        driver writes (a wrong size reads garbage from the second process on).
+        """
+        if self._process_list is None:
+            self._process_list = _process_list_function()
+        name, record = self._process_list
         with translated():
             processes = _listed(
-                "nvmlDeviceGetComputeRunningProcesses_v3",
-                pynvml.c_nvmlProcessInfo_v3_t,
+                name,
+                record,
                 lambda function, entries, count: function(self._handle, count, entries),
             )
         return [
@@ -546,6 +555,42 @@ class Device:
         return GpmSampler(self._handle, gpu_instance)
 
 
+class _ProcessInfoV1(ctypes.Structure):
+    """nvmlProcessInfo_v1_t (nvml.h), which pynvml no longer declares: what v1 writes."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+class _ProcessInfoEarlyR535(ctypes.Structure):
+    """The 32-byte record early R535 drivers (before 535.98) wrote from _v3."""
+
+    _fields_ = [
+        *pynvml.c_nvmlProcessInfo_v2_t._fields_,
+        ("usedGpuCcProtectedMemory", ctypes.c_ulonglong),
+    ]
+
+
+def _process_list_function() -> tuple[str, type[ctypes.Structure]]:
+    """The newest process-list function this driver exports and the record it writes."""
+    for name, record in (
+        ("nvmlDeviceGetComputeRunningProcesses_v3", pynvml.c_nvmlProcessInfo_v3_t),
+        ("nvmlDeviceGetComputeRunningProcesses_v2", pynvml.c_nvmlProcessInfo_v2_t),
+    ):
+        try:
+            pynvml._nvmlGetFunctionPointer(name)
+        except pynvml.NVMLError_FunctionNotFound:
+            continue
+        if name.endswith("_v3") and _early_r535(_text(pynvml.nvmlSystemGetDriverVersion())):
+            return name, _ProcessInfoEarlyR535
+        return name, record
+    return "nvmlDeviceGetComputeRunningProcesses", _ProcessInfoV1
+
+
+def _early_r535(driver_version: str) -> bool:
+    numbers = tuple(int(part) for part in re.findall(r"\d+", driver_version)[:2])
+    return (535, 43) <= numbers < (535, 98)  # 535.43.02-535.86.05 (NS src/nvml.h :285-296)
+
+
 class _FieldValue(ctypes.Structure):
     """pynvml's c_nvmlFieldValue_t, same layout, without its per-attribute Python hooks.
 
@@ -583,6 +628,9 @@ def _values_of(results: Sequence[Any]) -> list[int | None]:
     for field in results:
         status = field.nvmlReturn
         if status != pynvml.NVML_SUCCESS:  # the check raises; success, most fields, is free
+            if status == pynvml.NVML_ERROR_INVALID_ARGUMENT:
+                values.append(None)  # an id this driver does not know (past its NVML_FI_MAX)
+                continue
             try:
                 with translated():
                     pynvml._nvmlCheckReturn(status)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from exporter.sim import branches
 from exporter.sim.device import SAMPLES_PER_SECOND, MigDevice, RunningProcess, SimulatedGpu
 
 if TYPE_CHECKING:
@@ -622,6 +623,39 @@ def _processes(call: Call, kind: str) -> list[RunningProcess]:
     return (call.mig or call.device).processes(call.t, kind)
 
 
+class _ProcessInfoV1(ctypes.Structure):
+    """nvmlProcessInfo_v1_t: what nvmlDeviceGetComputeRunningProcesses (no suffix) writes."""
+
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
+
+
+class _ProcessInfoV2(ctypes.Structure):
+    """nvmlProcessInfo_v2_t, 24 bytes: what _v2, and _v3 from 535.98 on, write."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
+
+
+class _ProcessInfoEarlyR535(ctypes.Structure):
+    """The 32-byte record early R535 drivers wrote from _v3 (usedGpuCcProtectedMemory added)."""
+
+    _fields_ = [*_ProcessInfoV2._fields_, ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
+
+
+def _process_record(call: Call) -> type[ctypes.Structure]:
+    """The record this driver writes for the list function called (see `branches`)."""
+    if not call.name.endswith(("_v2", "_v3")):
+        return _ProcessInfoV1
+    version = branches.parse(call.sim.scenario.driver.version)
+    if call.name.endswith("_v3") and branches.EARLY_R535_PROCESS_RECORD.include(version):
+        return _ProcessInfoEarlyR535
+    return _ProcessInfoV2
+
+
 def _process_list(call: Call, kind: str, count_ref: Any, infos: Any) -> int:
     processes = _processes(call, kind)
     count = target(count_ref)
@@ -630,20 +664,36 @@ def _process_list(call: Call, kind: str, count_ref: Any, infos: Any) -> int:
     if infos is None or capacity < len(processes):
         # Size query: SUCCESS with 0 when there is nothing to list, as NVML answers.
         return INSUFFICIENT_SIZE if processes else SUCCESS
-    for slot, process in zip(infos, processes, strict=False):
-        slot.pid = process.pid
-        slot.usedGpuMemory = ALL_ONES if call.sentinel else process.memory
-        slot.gpuInstanceId = process.gpu_instance_id
-        slot.computeInstanceId = process.compute_instance_id
+    # The driver writes records of its own size, whatever struct the caller declared: a caller
+    # whose struct is the wrong size reads garbage from the second record on, as on hardware
+    # (never past the end of the caller's buffer here).
+    records = (_process_record(call) * len(processes))()
+    for record, process in zip(records, processes, strict=True):
+        record.pid = process.pid
+        record.usedGpuMemory = ALL_ONES if call.sentinel else process.memory
+        if hasattr(record, "gpuInstanceId"):
+            record.gpuInstanceId = process.gpu_instance_id
+            record.computeInstanceId = process.compute_instance_id
+    ctypes.memmove(infos, records, min(ctypes.sizeof(records), ctypes.sizeof(infos)))
     return SUCCESS
 
 
-@device("nvmlDeviceGetComputeRunningProcesses_v3", mig=True)
+@device(
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses",
+    mig=True,
+)
 def _compute_processes(call: Call, count: Any, infos: Any) -> int:
     return _process_list(call, "compute", count, infos)
 
 
-@device("nvmlDeviceGetGraphicsRunningProcesses_v3", mig=True)
+@device(
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v2",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+    mig=True,
+)
 def _graphics_processes(call: Call, count: Any, infos: Any) -> int:
     return _process_list(call, "graphics", count, infos)
 
@@ -663,8 +713,8 @@ class _ProcessLoad:
 def _process_loads(call: Call, last_seen: int) -> list[_ProcessLoad] | int:
     """Per-process utilization at the call's time, or an error code.
 
-    The GPU's utilization is split evenly across its processes; NOT_FOUND when nothing runs or
-    ``last_seen`` is not older than now.
+    The GPU's utilization is split evenly across its processes; NOT_FOUND when none of them
+    used an engine or ``last_seen`` is not older than now.
     """
     gpu = call.device
     if gpu.mig:
@@ -673,7 +723,7 @@ def _process_loads(call: Call, last_seen: int) -> list[_ProcessLoad] | int:
     if not processes or call.now_us <= last_seen:
         return NOT_FOUND
     share = 100.0 / len(processes)
-    return [
+    loads = [
         _ProcessLoad(
             process.pid,
             call.now_us,
@@ -684,6 +734,10 @@ def _process_loads(call: Call, last_seen: int) -> list[_ProcessLoad] | int:
         )
         for process in processes
     ]
+    # The driver samples only processes that used an engine; none: NOT_FOUND (nvml-facts.md,
+    # "Idle sample rings run dry"; nvml.h: "NVML_ERROR_NOT_FOUND if sample entries are not found").
+    busy = [load for load in loads if load.sm or load.memory or load.encoder or load.decoder]
+    return busy or NOT_FOUND
 
 
 def _write_loads(slots: Any, loads: list[_ProcessLoad]) -> None:
@@ -841,6 +895,8 @@ def _nvlink_field(gpu: SimulatedGpu, field_id: int, link: int, t: float) -> tupl
 def _field(call: Call, field_id: int, scope: int) -> tuple[int, float] | int:
     """(value type, value) of one field id, or the error this GPU answers for it."""
     gpu, t = call.device, call.t
+    if not branches.knows_field(call.sim.scenario.driver.version, field_id):
+        return INVALID_ARGUMENT  # an id past this branch's NVML_FI_MAX
     if field_id in _NVLINK_FIELDS:
         return _nvlink_field(gpu, field_id, scope, t)
     model = gpu.model

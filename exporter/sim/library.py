@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from exporter.sim import events, gpm, memory_errors, mig, nvlink
+from exporter.sim import branches, events, gpm, memory_errors, mig, nvlink
 from exporter.sim.device import HANDLE_BASE, HANDLE_STRIDE, MigDevice, SimulatedGpu
 from exporter.sim.events import EventSets
 from exporter.sim.functions import (
@@ -94,9 +94,11 @@ class SimulatedNvml:
     """A scenario-driven stand-in for the NVML shared library, installed as ``pynvml.nvmlLib``.
 
     Readings are a deterministic function of (scenario, seed, elapsed), where elapsed is
-    ``clock() - epoch`` or ``pinned_time`` when given. ``calls`` counts calls per C function;
-    ``cpu_seconds`` is the CPU time the calls took on their callers' threads: the simulator's
-    own cost inside the process that loads it, which the benchmark sets apart from gpuload's.
+    ``clock() - epoch`` or ``pinned_time`` when given. A call under a ``hang`` fault hands its
+    seconds to ``hang``: ``time.sleep``, or a test's own wait that ends when the test says so.
+    ``calls`` counts calls per C function; ``cpu_seconds`` is the CPU time the calls took on
+    their callers' threads: the simulator's own cost inside the process that loads it, which the
+    benchmark sets apart from gpuload's.
     Instances are thread-safe: readings are pure and the mutable state is behind a lock.
     """
 
@@ -108,9 +110,12 @@ class SimulatedNvml:
         clock: Callable[[], float] = time.time,
         pinned_time: float | None = None,
         seed: int | None = None,
+        hang: Callable[[float], object] = time.sleep,
     ) -> None:
         self.scenario = scenario
         self.clock = clock
+        # A test with a hand-moved clock ends a hang itself rather than after real seconds.
+        self.hang = hang
         self.epoch = clock() if epoch is None else float(epoch)
         self.pinned_time = pinned_time
         self.seed = scenario.seed if seed is None else seed
@@ -128,8 +133,10 @@ class SimulatedNvml:
         self.gpm_samples = GpmSamples()
         self.event_sets = EventSets(scenario.faults)
         self._fault_kinds = frozenset(fault.kind for fault in scenario.faults)
+        # What this driver branch exports (`branches`), less what the scenario strips.
+        self.lacks = scenario.driver.lacks | branches.lacks_functions(scenario.driver.version)
         self._functions = {
-            name: CFunction(self, name) for name in FUNCTIONS if name not in scenario.driver.lacks
+            name: CFunction(self, name) for name in FUNCTIONS if name not in self.lacks
         }
 
     def __getattr__(self, name: str) -> CFunction:
@@ -221,7 +228,7 @@ class SimulatedNvml:
         hangs = self._window("hang", call.gpu, call.name, call.t)
         if hangs:
             # No lock is held here, so a hung call stalls only its own caller.
-            time.sleep(max(f.seconds for f in hangs))
+            self.hang(max(f.seconds for f in hangs))
             call.t = self.elapsed()
         if self._window("not_supported", call.gpu, call.name, call.t):
             return NOT_SUPPORTED

@@ -46,7 +46,7 @@ def _uninstall_simulator() -> Iterator[None]:
 
 BASE_SCENARIO: dict[str, Any] = {
     "description": "two GPUs for tests",
-    "driver": {"version": "550.90.07", "cuda_version": 12040},
+    "driver": {"version": "570.86.16", "cuda_version": 12080},  # every simulated function
     "gpus": [{"model": "h100-sxm", "count": 2}],
     "phases": [
         {

@@ -237,12 +237,18 @@ def test_process_utilization_splits_the_gpu_and_names_resolve() -> None:
     assert sum(s.smUtil for s in samples) == pytest.approx(gpu, abs=2)
     names = {pynvml.nvmlSystemGetProcessName(s.pid) for s in samples}
     assert names == {"/usr/lib/xorg/Xorg", "python serve.py"}
-    info = pynvml.nvmlDeviceGetProcessesUtilizationInfo(a6000, 0)
-    assert [(i.pid, i.smUtil) for i in info] == [(s.pid, s.smUtil) for s in samples]
+    with pytest.raises(pynvml.NVMLError_FunctionNotFound):  # from R550; mixed runs 525
+        pynvml.nvmlDeviceGetProcessesUtilizationInfo(a6000, 0)
     with pytest.raises(pynvml.NVMLError_NotFound):
         pynvml.nvmlDeviceGetProcessUtilization(a6000, samples[0].timeStamp)
     with pytest.raises(pynvml.NVMLError_NotSupported):  # the P100 lacks it
         pynvml.nvmlDeviceGetProcessUtilization(pynvml.nvmlDeviceGetHandleByIndex(7), 0)
+    install("training", pinned_time=100.0)  # driver 550
+    pynvml.nvmlInit()
+    h100 = pynvml.nvmlDeviceGetHandleByIndex(0)
+    info = pynvml.nvmlDeviceGetProcessesUtilizationInfo(h100, 0)
+    samples = pynvml.nvmlDeviceGetProcessUtilization(h100, 0)
+    assert info and [(i.pid, i.smUtil) for i in info] == [(s.pid, s.smUtil) for s in samples]
     install("idle", pinned_time=100.0)
     pynvml.nvmlInit()
     with pytest.raises(pynvml.NVMLError_NotFound):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import re
 import time
 from collections.abc import Callable
@@ -13,7 +14,7 @@ import pynvml
 import pytest
 
 from exporter.sim import FUNCTION_NAMES, install, load_scenario, scenario_names
-from exporter.sim.scenario import GpuSpec
+from exporter.sim.scenario import SCENARIO_DIR, GpuSpec
 
 Call = Callable[[Any], Any]
 Unsupported = Callable[[GpuSpec], bool]
@@ -37,6 +38,14 @@ def _in_mig_mode(gpu: GpuSpec) -> bool:
 
 def _lacks_samples_or_mig(gpu: GpuSpec) -> bool:
     return "samples" in gpu.lacks or bool(gpu.mig)
+
+
+def _utilization_samples(handle: Any, sample_type: int) -> Any:
+    # An idle GPU adds no utilization sample: NOT_FOUND (tests/test_driver_reality.py).
+    try:
+        return pynvml.nvmlDeviceGetSamples(handle, sample_type, 0)
+    except pynvml.NVMLError_NotFound:
+        return None
 
 
 def _gpm_sample(handle: Any) -> None:
@@ -191,22 +200,32 @@ DEVICE_CALLS: list[tuple[str, Call, Unsupported]] = [
     ("nvmlDeviceIsMigDeviceHandle", pynvml.nvmlDeviceIsMigDeviceHandle, _never),
     (
         "nvmlDeviceGetComputeRunningProcesses_v3",
-        pynvml.nvmlDeviceGetComputeRunningProcesses,
+        pynvml.nvmlDeviceGetComputeRunningProcesses_v3,
         _never,
     ),
     (
         "nvmlDeviceGetGraphicsRunningProcesses_v3",
-        pynvml.nvmlDeviceGetGraphicsRunningProcesses,
+        pynvml.nvmlDeviceGetGraphicsRunningProcesses_v3,
+        _never,
+    ),
+    (
+        "nvmlDeviceGetComputeRunningProcesses_v2",
+        pynvml.nvmlDeviceGetComputeRunningProcesses_v2,
+        _never,
+    ),
+    (
+        "nvmlDeviceGetGraphicsRunningProcesses_v2",
+        pynvml.nvmlDeviceGetGraphicsRunningProcesses_v2,
         _never,
     ),
     (
         "nvmlDeviceGetSamples",
-        lambda h: pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0),
+        lambda h: _utilization_samples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES),
         _lacks_samples_or_mig,
     ),
     (
         "nvmlDeviceGetSamples",
-        lambda h: pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, 0),
+        lambda h: _utilization_samples(h, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES),
         _lacks_samples_or_mig,
     ),
     ("nvmlGpmQueryDeviceSupport", pynvml.nvmlGpmQueryDeviceSupport, _never),
@@ -285,7 +304,13 @@ SYSTEM_CALLS: list[tuple[str, Callable[[], Any]]] = [
 
 # Real NVML exports that this pynvml release no longer asks for (older nvidia-ml-py releases
 # and C clients do), reached below through pynvml's own function lookup.
-OLDER_BINDING_NAMES = {"nvmlInit", "nvmlInit_v2", "nvmlDeviceGetPciInfo_v2"}
+OLDER_BINDING_NAMES = {
+    "nvmlInit",
+    "nvmlInit_v2",
+    "nvmlDeviceGetPciInfo_v2",
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetGraphicsRunningProcesses",
+}
 
 
 def _expect(
@@ -311,7 +336,7 @@ def test_every_function_answers_on_every_gpu(scenario_name: str) -> None:
     scenario = load_scenario(scenario_name)
     sim = install(scenario, pinned_time=20.0)  # before the faulty scenario's faults
     pynvml.nvmlInit()
-    lacks = scenario.driver.lacks
+    lacks = sim.lacks  # the scenario's and its driver branch's
     for name, call in SYSTEM_CALLS:
         assert _expect(name, call, (), False, lacks) is not None
     assert pynvml.nvmlDeviceGetCount() == len(scenario.gpus)
@@ -319,7 +344,7 @@ def test_every_function_answers_on_every_gpu(scenario_name: str) -> None:
         handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
         for name, device_call, unsupported in DEVICE_CALLS:
             _expect(name, device_call, (handle,), unsupported(gpu), lacks)
-        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+        for process in pynvml.nvmlDeviceGetComputeRunningProcesses_v2(handle):
             assert pynvml.nvmlSystemGetProcessName(process.pid)
         for slot in range(len(gpu.mig)):
             mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
@@ -348,6 +373,10 @@ def test_process_utilization_and_older_entry_points() -> None:
     assert get_pci_v2(handle, pynvml.byref(info)) == pynvml.NVML_SUCCESS
     assert info.busId == "0000:1B:00.0"
     assert sim.calls["nvmlDeviceGetPciInfo_v2"] == 1
+    for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        count = ctypes.c_uint(0)
+        pynvml._nvmlGetFunctionPointer(name)(handle, ctypes.byref(count), None)
+        assert sim.calls[name] == 1
 
 
 def _call_ignoring_errors(call: Callable[..., Any], *args: Any) -> None:
@@ -380,9 +409,14 @@ def _exercise_newer_families(handle: Any) -> None:
     _call_ignoring_errors(pynvml.nvmlDeviceGetProcessesUtilizationInfo, handle, 0)
 
 
-def test_all_simulated_functions_are_exercised() -> None:
+def test_all_simulated_functions_are_exercised(tmp_path: Path) -> None:
+    # The shipped scenarios run drivers up to 550; a newer one has the newer functions.
+    newer = tmp_path / "training-570.yaml"
+    newer.write_text(
+        (SCENARIO_DIR / "training.yaml").read_text().replace('"550.90.07"', '"570.86.16"')
+    )
     exercised: set[str] = set()
-    for scenario_name in ("training", "mixed", "idle", "legacy-v100"):
+    for scenario_name in ("training", "mixed", "idle", "legacy-v100", str(newer)):
         sim = install(scenario_name, pinned_time=100.0)
         pynvml.nvmlInit()
         for _, system_call in SYSTEM_CALLS:
@@ -391,7 +425,7 @@ def test_all_simulated_functions_are_exercised() -> None:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             pynvml.nvmlDeviceGetHandleByUUID(pynvml.nvmlDeviceGetUUID(handle))
             pynvml.nvmlDeviceGetHandleByPciBusId(pynvml.nvmlDeviceGetPciInfo(handle).busId)
-            for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            for process in pynvml.nvmlDeviceGetComputeRunningProcesses_v2(handle):
                 pynvml.nvmlSystemGetProcessName(process.pid)
             for _, device_call, _ in DEVICE_CALLS:
                 _call_ignoring_errors(device_call, handle)

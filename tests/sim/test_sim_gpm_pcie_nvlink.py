@@ -202,8 +202,8 @@ def test_legacy_driver_falls_back_to_pcie_throughput() -> None:
     install("legacy-v100", pinned_time=10.0)
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    fields = pynvml.nvmlDeviceGetFieldValues(handle, [197, 198])
-    assert [f.nvmlReturn for f in fields] == [pynvml.NVML_ERROR_NOT_SUPPORTED] * 2
+    fields = pynvml.nvmlDeviceGetFieldValues(handle, [197, 198])  # R555 and later (branches)
+    assert [f.nvmlReturn for f in fields] == [pynvml.NVML_ERROR_INVALID_ARGUMENT] * 2
     rx = pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
     assert rx == pytest.approx(2e9 / 1024, rel=0.25)  # KB/s
     with pytest.raises(pynvml.NVMLError_FunctionNotFound):
@@ -335,8 +335,9 @@ def test_older_driver_has_no_nvlink_error_fields_but_has_the_counters() -> None:
         handle,
         [(pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, 0), (pynvml.NVML_FI_DEV_NVLINK_GET_STATE, 0)],
     )
-    assert replay.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
-    assert state.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+    # Ids R520 added: unknown to 470, a per-field INVALID_ARGUMENT.
+    assert replay.nvmlReturn == pynvml.NVML_ERROR_INVALID_ARGUMENT
+    assert state.nvmlReturn == pynvml.NVML_ERROR_INVALID_ARGUMENT
     assert pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, 0, 0) == 0
     assert pynvml.nvmlDeviceGetNvLinkState(handle, 0) == pynvml.NVML_FEATURE_ENABLED
 
