@@ -231,7 +231,7 @@ class Device:
         return _checked(percent, "decoder utilization")
 
     def memory(self) -> MemoryInfo:
-        """Frame buffer memory; the v2 call (R510 and later) adds `reserved` and a correct `used`."""
+        """Frame buffer memory; the v2 call (from R510) adds `reserved` and a correct `used`."""
         with translated():
             try:
                 info = pynvml.nvmlDeviceGetMemoryInfo(self._handle, version=pynvml.nvmlMemory_v2)

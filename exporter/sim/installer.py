@@ -39,6 +39,8 @@ def install(
     clock: Callable[[], float] | None = None,
     pinned_time: float | None = None,
     seed: int | None = None,
+    hang: Callable[[float], object] = time.sleep,
+    sleep: Callable[[float], object] = time.sleep,
 ) -> SimulatedNvml:
     """Build a :class:`SimulatedNvml` for ``scenario`` and make pynvml use it.
 
@@ -48,6 +50,10 @@ def install(
         clock: the time source, ``time.time`` by default; tests pass a controllable one.
         pinned_time: freeze the scenario at this many elapsed seconds.
         seed: overrides the scenario's seed (noise, UUIDs, serials, PIDs).
+        hang: what a call under a ``hang`` fault does with its seconds: sleeps them by default;
+            a test passes one that returns when the test says so.
+        sleep: what a call does with its ``driver.latency``: sleeps it by default; a test
+            passes one that records it, or that waits for the other callers.
 
     Returns:
         The installed simulator; its ``calls`` counter shows what pynvml asked for.
@@ -55,7 +61,13 @@ def install(
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
     library = SimulatedNvml(
-        scenario, epoch=epoch, clock=clock or time.time, pinned_time=pinned_time, seed=seed
+        scenario,
+        epoch=epoch,
+        clock=clock or time.time,
+        pinned_time=pinned_time,
+        seed=seed,
+        hang=hang,
+        sleep=sleep,
     )
     _reset_pynvml(library)
     return library

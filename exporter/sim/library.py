@@ -111,11 +111,14 @@ class SimulatedNvml:
         pinned_time: float | None = None,
         seed: int | None = None,
         hang: Callable[[float], object] = time.sleep,
+        sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         self.scenario = scenario
         self.clock = clock
         # A test with a hand-moved clock ends a hang itself rather than after real seconds.
         self.hang = hang
+        # How a call spends its latency: a test that watches calls overlap passes its own.
+        self.sleep = sleep
         self.epoch = clock() if epoch is None else float(epoch)
         self.pinned_time = pinned_time
         self.seed = scenario.seed if seed is None else seed
@@ -242,7 +245,7 @@ class SimulatedNvml:
         call.sentinel = bool(self._window("sentinel", call.gpu, call.name, call.t))
         delay = self.scenario.driver.latency_of(call.name)
         if delay:
-            time.sleep(delay)
+            self.sleep(delay)
             call.t = self.elapsed()
         return function.handler(call, *args)
 

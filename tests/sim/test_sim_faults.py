@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -164,25 +163,25 @@ def test_hang_blocks_only_that_gpus_call(
 ) -> None:
     hang = {"kind": "hang", "gpu": 0, "call": "nvmlDeviceGetPowerUsage", "seconds": 0.5}
     gpu0, gpu1 = _start(base_scenario, write_scenario, clock, hang)
-    hung_for: list[float] = []
+    sim = pynvml.nvmlLib
+    hanging, release, hung_for = threading.Event(), threading.Event(), []
 
-    def hung_call() -> None:
-        started = time.monotonic()
-        pynvml.nvmlDeviceGetPowerUsage(gpu0)
-        hung_for.append(time.monotonic() - started)
+    def hang_until_released(seconds: float) -> None:  # the fault's seconds, ended by the test
+        hung_for.append(seconds)
+        hanging.set()
+        release.wait(60)
 
-    thread = threading.Thread(target=hung_call)
+    sim.hang = hang_until_released
+    thread = threading.Thread(target=pynvml.nvmlDeviceGetPowerUsage, args=(gpu0,))
     thread.start()
-    time.sleep(0.05)  # let the hung call start
-    started = time.monotonic()
-    for _ in range(20):
+    assert hanging.wait(60)
+    for _ in range(20):  # every other call completes while that one hangs
         pynvml.nvmlDeviceGetPowerUsage(gpu1)
         pynvml.nvmlDeviceGetUtilizationRates(gpu0)
-    others_took = time.monotonic() - started
-    assert thread.is_alive()  # still hung while the other calls completed
-    thread.join()
-    assert others_took < 0.2
-    assert hung_for[0] >= 0.5
+    assert thread.is_alive()
+    release.set()
+    thread.join(timeout=60)
+    assert not thread.is_alive() and hung_for == [0.5]
 
 
 def test_driver_without_a_function_raises_function_not_found(
