@@ -95,25 +95,36 @@ def _scrape(snapshot: Snapshot) -> dict:
     return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
 
 
-def _wait_for(collection: Collection, condition: Callable[[dict], bool]) -> dict:
-    # Re-acquiring a lost GPU backs off from 1 s; allow a few cycles.
-    deadline = time.monotonic() + 10
+def _cycle_until(collection: Collection, condition: Callable[[dict], bool]) -> dict:
+    """Run cycles until the scraped samples meet `condition`, for what a worker thread finishes.
+
+    The deadline only stops a broken run from waiting forever: it normally takes one cycle.
+    """
+    deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         samples = _scrape(collection.run_cycle())
         if condition(samples):
             return samples
-        time.sleep(0.2)
+        time.sleep(0.05)
     raise AssertionError("condition not reached")
 
 
 @contextlib.contextmanager
 def moving_clock(
-    scenario: Path, *, at: float = 5, timeout: float = 5
+    scenario: Path,
+    *,
+    at: float = 5,
+    timeout: float = 5,
+    hang: Callable[[float], object] = time.sleep,
 ) -> Iterator[tuple[Clock, Collection]]:
-    """A collection over a scenario whose clock the test moves by hand."""
+    """A collection over a scenario whose clock the test moves by hand.
+
+    The collection schedules its retries on the same clock, so a backoff passes when the test
+    moves the clock past it, not after real seconds.
+    """
     clock = Clock(at)
-    sim.install(scenario, clock=clock, epoch=0)
-    collection = Collection(ALL_ON, timeout=timeout)
+    sim.install(scenario, clock=clock, epoch=0, hang=hang)
+    collection = Collection(ALL_ON, timeout=timeout, clock=clock)
     try:
         yield clock, collection
     finally:
@@ -278,8 +289,9 @@ def test_lost_gpu_keeps_other_gpus_reporting_and_comes_back(collect, tmp_path: P
         # Losing a GPU is gpu_up's news, not a collector failure.
         assert all(v == 1 for v in series(during, "gpuload_collector_success").values())
 
-        clock.now = 25
-        after = _wait_for(collection, lambda s: value_of(s, "gpu_up", **a6000) == 1)
+        clock.now = 25  # the fault is over and the first retry (1 s after the loss) is due
+        after = _scrape(collection.run_cycle())
+        assert value_of(after, "gpu_up", **a6000) == 1
         assert value_of(after, "gpu_utilization_ratio", **a6000) == 0.42
 
 
@@ -305,7 +317,12 @@ def test_unexpected_error_is_counted_and_other_series_stay(collect, tmp_path: Pa
 @pytest.mark.parametrize(
     ("call", "family", "labels"),
     [
-        ("nvmlDeviceGetTemperatureV", "gpu_temperature_celsius", {"sensor": "gpu"}),
+        # Whichever of the two the driver has (GetTemperatureV is R565 and later).
+        (
+            "nvmlDeviceGetTemperatureV, nvmlDeviceGetTemperature",
+            "gpu_temperature_celsius",
+            {"sensor": "gpu"},
+        ),
         ("nvmlDeviceGetPowerUsage", "gpu_power_usage_watts", {}),
         ("nvmlDeviceGetSamples, nvmlDeviceGetUtilizationRates", "gpu_utilization_ratio", {}),
         ("nvmlDeviceGetTotalEnergyConsumption", "gpu_energy_consumption_joules_total", {}),
@@ -400,8 +417,9 @@ def test_driver_not_loaded_then_loaded_brings_metrics(tmp_path: Path) -> None:
             == 1
         )
         assert series(down, "gpu_up") == {}
-        clock.now = 12
-        up = _wait_for(collection, lambda s: value_of(s, "gpuload_nvml_up") == 1)
+        clock.now = 12  # the driver is loaded and the retry (1 s after the failure) is due
+        up = _scrape(collection.run_cycle())
+        assert value_of(up, "gpuload_nvml_up") == 1
         assert len(series(up, "gpu_up")) == 2
 
 
@@ -414,22 +432,32 @@ def test_hung_call_marks_one_gpu_stale_without_piling_up_threads(tmp_path: Path)
           - {kind: hang, gpu: 1, call: nvmlDeviceGetPowerUsage, seconds: 1.5, at: 0, until: 10}
         """,
     )
+    released = threading.Event()
+
+    def hang(_seconds: float) -> bool:
+        """The hung call returns when the test releases it, however many cycles that takes."""
+        return released.wait(60)
+
     threads = threading.active_count()
-    with moving_clock(scenario, at=5, timeout=0.2) as (clock, collection):
-        first = _scrape(collection.run_cycle())
-        h100, a6000 = gpu_labels(first, "0"), gpu_labels(first, "1")
-        for _ in range(5):
-            samples = _scrape(collection.run_cycle())
-            # The healthy GPU is collected every cycle; the stuck one is stale, not resubmitted.
-            assert value_of(samples, "gpu_utilization_ratio", **h100) == 0.42
-            assert value_of(samples, "gpuload_gpu_stale", **a6000) == 1
-            assert value_of(samples, "gpuload_gpu_stale", **h100) == 0
-            assert value_of(samples, "gpu_utilization_ratio", **a6000) is None
-            assert value_of(samples, "gpuload_collector_success", collector="power") == 0
-            # At most one worker per GPU (and the XID event thread), however long it is stuck.
-            assert threading.active_count() <= threads + 2 + 1
-        clock.now = 20  # the hang is over once the stuck call returns
-        recovered = _wait_for(
+    with moving_clock(scenario, at=5, timeout=0.2, hang=hang) as (clock, collection):
+        try:
+            first = _scrape(collection.run_cycle())
+            h100, a6000 = gpu_labels(first, "0"), gpu_labels(first, "1")
+            for _ in range(5):
+                samples = _scrape(collection.run_cycle())
+                # The healthy GPU is collected every cycle; the stuck one is stale, not resubmitted.
+                assert value_of(samples, "gpu_utilization_ratio", **h100) == 0.42
+                assert value_of(samples, "gpuload_gpu_stale", **a6000) == 1
+                assert value_of(samples, "gpuload_gpu_stale", **h100) == 0
+                assert value_of(samples, "gpu_utilization_ratio", **a6000) is None
+                assert value_of(samples, "gpuload_collector_success", collector="power") == 0
+                # At most one worker per GPU (and the XID event thread), however long it is stuck.
+                assert threading.active_count() <= threads + 2 + 1
+        finally:
+            clock.now = 20  # the stuck call returns into a scenario without the fault
+            released.set()
+        # Its worker finishes on its own thread: the next cycles pick up what it returned.
+        recovered = _cycle_until(
             collection,
             lambda s: (
                 value_of(s, "gpuload_gpu_stale", **a6000) == 0
@@ -453,14 +481,13 @@ def test_driver_unloaded_mid_run_is_initialised_again(tmp_path: Path) -> None:
     with moving_clock(scenario, at=5, timeout=5) as (clock, collection):
         assert value_of(_scrape(collection.run_cycle()), "gpuload_nvml_up") == 1
         clock.now = 12
-        _wait_for(collection, lambda s: value_of(s, "gpuload_nvml_up") == 0)
-        clock.now = 22
-        back = _wait_for(
-            collection,
-            lambda s: (
-                value_of(s, "gpuload_nvml_up") == 1 and len(series(s, "gpu_utilization_ratio")) == 2
-            ),
-        )
+        down = _scrape(collection.run_cycle())
+        assert value_of(down, "gpuload_nvml_up") == 0
+        assert series(down, "gpu_utilization_ratio") == {}
+        clock.now = 22  # the driver is back: initialised again on the next cycle
+        back = _scrape(collection.run_cycle())
+        assert value_of(back, "gpuload_nvml_up") == 1
+        assert len(series(back, "gpu_utilization_ratio")) == 2
         assert all(v == 1 for v in series(back, "gpu_up").values())
 
 

@@ -100,16 +100,11 @@ def test_findings_carry_evidence_and_next_steps_from_the_runbooks(verdicts) -> N
 
 
 def test_a_starved_input_pipeline_is_input_starved() -> None:
-    # data-starved saws from 0 to 50% every 12 s; this window holds the drop at 12 s.
+    # data-starved saws from 0 to 50% every 12 s: a 12 s window holds a whole period, its peak
+    # and its drop, whenever the sampling starts.
     out = io.StringIO()
     code = run(
-        Options(
-            duration=3.0,
-            interval=0.2,
-            simulate="data-starved",
-            sim_epoch=time.time() - 10.5,
-            json=True,
-        ),
+        Options(duration=12.0, interval=0.2, simulate="data-starved", json=True),
         out=out,
         err=io.StringIO(),
     )

@@ -42,7 +42,8 @@ def test_every_scenarios_snapshots_are_written_as_prometheus_client_writes_them(
 ) -> None:
     clock = Clock(100.0)
     sim.install(scenario, clock=clock, epoch=0)
-    collection = Collection(dict.fromkeys(REGISTRY, True), timeout=5, slow_interval=10)
+    # Slow reads on the scenario's clock: 101 s is a fast cycle, 112 s a slow one.
+    collection = Collection(dict.fromkeys(REGISTRY, True), timeout=5, slow_interval=10, clock=clock)
     writer = _writer()
     try:
         for t in (100.0, 101.0, 112.0, 400.0):  # fast and slow cycles, faults coming and going

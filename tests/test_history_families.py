@@ -38,7 +38,9 @@ def test_a_history_with_declared_names_refuses_any_other() -> None:
         ("thermal-throttle", range(0, 400, 10)),
         ("memory-bound", range(0, 400, 10)),
         ("ecc-remap", range(0, 400, 10)),
-        ("faulty", range(0, 400, 10)),
+        # Every 5 s: GPU 1, lost from 60 to 120 s, is retried at 65, 70, 75, 85, 105 and 140 s
+        # (backoff 1, 2, 4, 8, 16, 32 s), so GPUFellOffBus (1m) fires at 120 s and resolves.
+        ("faulty", range(0, 400, 5)),
     ],
 )
 def test_alerts_and_verdicts_are_the_same_as_with_every_family(scenario: str, times: range) -> None:
@@ -48,7 +50,8 @@ def test_alerts_and_verdicts_are_the_same_as_with_every_family(scenario: str, ti
     assert kept.history.keep is not None and everything.history.keep is None
     clock = Clock(float(times[0]))
     sim.install(scenario, clock=clock, epoch=0)
-    collection = Collection(ALL_ON, timeout=5)
+    # Retries on the scenario's clock too: a lost GPU comes back when the scenario says.
+    collection = Collection(ALL_ON, timeout=5, clock=clock)
     fired: list[list[tuple[str, str]]] = []
     try:
         for t in times:
@@ -93,7 +96,7 @@ def test_a_snapshots_series_are_the_samples_of_its_families(scenario: str) -> No
     keep = Evaluator(rules, instance="n1:19400", also_keep=verdicts.FAMILIES).history.keep
     clock = Clock(100.0)
     sim.install(scenario, clock=clock, epoch=0)
-    collection = Collection(ALL_ON, timeout=5)
+    collection = Collection(ALL_ON, timeout=5, clock=clock)
     try:
         for t in (100.0, 110.0, 130.0):
             clock.now = t

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import textwrap
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +19,10 @@ from exporter.sim.library import SimulatedNvml
 
 ALL_ON = {name: True for name in REGISTRY}
 
+# R565: the first release with nvmlDeviceGetTemperatureV, which FAST_CALLS names.
 SCENARIO = """
 name: slow-reads
-driver: {version: "550.90.07", cuda_version: 12040}
+driver: {version: "565.57.01", cuda_version: 12070}
 loop: false
 gpus:
   - model: h100-sxm
@@ -70,7 +70,8 @@ def _cycles(
     path.write_text(textwrap.dedent(SCENARIO) + textwrap.dedent(faults))
     clock = Clock(5)
     library = sim.install(path, clock=clock, epoch=0)
-    collection = Collection(ALL_ON, timeout=5, slow_interval=slow_interval)
+    # The slow interval is counted on the scenario's clock: it passes when the test moves it.
+    collection = Collection(ALL_ON, timeout=5, slow_interval=slow_interval, clock=clock)
     try:
         yield clock, library, collection
     finally:
@@ -107,11 +108,10 @@ def test_slow_values_are_read_once_and_served_again_until_the_interval_passes(
 
 
 def test_slow_values_are_read_again_once_the_interval_has_passed(tmp_path: Path) -> None:
-    with _cycles(tmp_path, slow_interval=0.05) as (clock, library, collection):
+    with _cycles(tmp_path, slow_interval=30) as (clock, library, collection):
         collection.run_cycle()
         before = _value(_scrape(collection.snapshot), "gpu_nvlink_replay_errors_total", link="0")
         clock.now += 60
-        time.sleep(0.1)
         calls = _calls_per_cycle(library, collection)
         after = _value(_scrape(collection.snapshot), "gpu_nvlink_replay_errors_total", link="0")
     assert set(calls) >= SLOW_CALLS
@@ -155,20 +155,20 @@ def test_reads_answered_not_supported_are_asked_again_only_once_per_slow_interva
 def test_a_value_that_was_not_supported_returns_at_the_next_slow_cycle(tmp_path: Path) -> None:
     with _cycles(
         tmp_path,
-        slow_interval=1.5,
+        slow_interval=30,
         faults="""
         faults:
           - {kind: not_supported, calls: [nvmlDeviceGetPowerUsage], at: 0, until: 10}
           - {kind: error, call: nvmlDeviceGetTemperatureV, error: NO_DATA, at: 0, until: 10}
         """,
     ) as (clock, library, collection):
-        absent = _scrape(collection.run_cycle())
+        absent = _scrape(collection.run_cycle())  # at 5 s: the next slow cycle is at 35 s
         clock.now = 20  # both faults are over
         temperature_calls = library.calls["nvmlDeviceGetTemperatureV"]
         not_yet = _scrape(collection.run_cycle())
         # NO_DATA means "nothing right now": asked again at once, unlike NOT_SUPPORTED.
         assert library.calls["nvmlDeviceGetTemperatureV"] == temperature_calls + 1
-        time.sleep(1.6)
+        clock.now = 36
         back = _scrape(collection.run_cycle())
     assert _value(absent, "gpu_power_usage_watts") is None
     assert _value(not_yet, "gpu_power_usage_watts") is None

@@ -104,7 +104,9 @@ def _link_readings(
 class PcieCollector:
     """PCIe link generation and width, current and maximum, replay errors and traffic."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        # The throughput fallback integrates over this clock's seconds; a test moves its own.
+        self._clock = clock
         # Which source the traffic counters come from, fixed at the first success so
         # that a counter never jumps between two sources.
         self._source: str | None = None
@@ -151,7 +153,7 @@ class PcieCollector:
         if None in rates.values():
             return
         self._source = "throughput"
-        now = time.monotonic()
+        now = self._clock()
         elapsed = 0.0 if self._last_read is None else now - self._last_read
         self._last_read = now
         for direction, family in _TRAFFIC:
