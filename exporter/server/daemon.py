@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
+from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from exporter.alerting.local import LocalAlerting
@@ -147,7 +148,8 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    scheduler = BackgroundScheduler(daemon=True)
+    # One thread runs the cycles: the default pool of 10 could start another on a busy machine.
+    scheduler = BackgroundScheduler(daemon=True, executors={"default": ThreadPoolExecutor(1)})
     # One job, never overlapping: a slow cycle delays the next instead of stacking.
     scheduler.add_job(
         _run_cycle,
