@@ -222,11 +222,11 @@ def test_pcie_cards_have_no_nvlink_series() -> None:
 
 
 def test_pcie_byte_counters_come_from_field_values_in_one_call(tmp_path: Path) -> None:
-    # The byte counter fields are R555 and later.
+    # The byte counter fields are R555 and later; 64-bit ones are used as counters.
     scenario = write(
         tmp_path,
         """
-        driver: {version: "565.57.01", cuda_version: 12070}
+        driver: {version: "565.57.01", cuda_version: 12070, pcie_counter_bits: 64}
         gpus:
           - model: h100-sxm
         phases:
@@ -431,13 +431,15 @@ def test_a_failed_field_values_call_is_an_error_of_each_collector_that_reads_fie
     scenario = write(
         tmp_path,
         """
-        driver: {version: "565.57.01", cuda_version: 12070}
+        driver: {version: "565.57.01", cuda_version: 12070, pcie_counter_bits: 64}
         gpus:
           - model: h100-sxm
             count: 2
         phases:
           - duration: 1h
             utilization: 0.5
+            pcie_tx: 1GB/s
+            pcie_rx: 1GB/s
         faults:
           - {kind: error, gpu: 0, call: nvmlDeviceGetFieldValues, error: UNKNOWN, at: 40}
         """,

@@ -221,10 +221,10 @@ def test_a_process_struct_of_the_wrong_size_reads_garbage_as_on_hardware(tmp_pat
     assert {process.usedGpuMemory for process in read} != truth, read
 
 
-def _pcie_scenario(driver: str) -> str:
+def _pcie_scenario(driver: str, bits: int = 32) -> str:
     return f"""
     name: pcie
-    driver: {{version: "{driver}", cuda_version: 12040}}
+    driver: {{version: "{driver}", cuda_version: 12040, pcie_counter_bits: {bits}}}
     gpus:
       - model: h100-sxm
     phases:
@@ -232,56 +232,43 @@ def _pcie_scenario(driver: str) -> str:
     """
 
 
-@pytest.mark.parametrize(("driver", "fields"), [("550.90.07", False), ("555.42.02", True)])
-def test_pcie_byte_fields_exist_from_r555_and_older_drivers_fall_back(
-    tmp_path: Path, driver: str, fields: bool
+def _transmitted(collection: Collection, clock: Clock, times: range) -> tuple[list[float], dict]:
+    sent = []
+    for t in times:
+        clock.now = t
+        samples = _scrape(collection.run_cycle())
+        sent += [v for (name, _), v in samples.items() if name == "gpu_pcie_transmit_bytes_total"]
+    return sent, samples
+
+
+@pytest.mark.parametrize(
+    ("driver", "bits", "fields"),
+    [
+        ("550.90.07", 64, False),  # no fields 197/198 before R555
+        ("555.42.02", 32, False),  # wrapping faster than any collection: not a counter
+        ("555.42.02", 64, True),
+    ],
+)
+def test_pcie_byte_fields_are_used_where_the_driver_has_them_wider_than_32_bits(
+    tmp_path: Path, driver: str, bits: int, fields: bool
 ) -> None:
-    with _node(tmp_path, _pcie_scenario(driver), at=30) as (clock, collection):
+    with _node(tmp_path, _pcie_scenario(driver, bits), at=30) as (clock, collection):
         library = pynvml.nvmlLib
-        for t in (30, 31, 32):
-            clock.now = t
-            snapshot = collection.run_cycle()
+        sent, samples = _transmitted(collection, clock, range(30, 33))
         throughput_calls = library.calls["nvmlDeviceGetPcieThroughput"]
-    samples = _scrape(snapshot)
     assert value_of(samples, "gpuload_collector_success", collector="pcie") == 1
     assert not [k for (name, k) in samples if name == "gpuload_nvml_errors_total"], samples
-    sent = [v for (name, _), v in samples.items() if name == "gpu_pcie_transmit_bytes_total"]
-    assert len(sent) == 1 and sent[0] > 0
+    assert len(sent) == 3 and sent[-1] > 0
     assert (throughput_calls == 0) == fields
 
 
-# A job that computes for a minute, then sits idle with its process (and memory) still there.
-JOB_GOES_IDLE = """
-name: job-goes-idle
-driver: {version: "550.90.07", cuda_version: 12040}
-loop: false
-gpus:
-  - model: h100-sxm
-phases:
-  - {duration: 60s, utilization: 0.9, processes: [{name: python train.py, memory: 30GiB}]}
-  - {duration: 1h, utilization: 0, memory_utilization: 0,
-     processes: [{name: python train.py, memory: 30GiB}]}
-"""
-
-
-def test_a_process_that_stops_computing_reads_zero_not_its_last_busy_figure(
+def test_a_32_bit_byte_counter_that_wraps_never_makes_the_traffic_counter_go_back(
     tmp_path: Path,
 ) -> None:
-    with _node(tmp_path, JOB_GOES_IDLE, at=50) as (clock, collection):
-        readings = []
-        for t in (50, 51, 65, 66):
-            clock.now = t
-            snapshot = collection.run_cycle()
-            samples = _scrape(snapshot)
-            readings.append(
-                [
-                    v
-                    for (name, _), v in samples.items()
-                    if name == "gpu_process_sm_utilization_ratio"
-                ]
-            )
-    assert readings[1][0] > 0.8, readings
-    assert readings[3] == [0.0], readings
+    # 2 GB/s wraps a 32-bit counter about every 2 s: seconds 30-45 see several wraps.
+    with _node(tmp_path, _pcie_scenario("555.42.02", 32), at=30) as (clock, collection):
+        sent, _ = _transmitted(collection, clock, range(30, 46))
+    assert sent == sorted(sent) and sent[-1] > sent[0], sent
 
 
 def test_a_read_refused_for_lack_of_privilege_is_reported_not_counted_as_a_failure(

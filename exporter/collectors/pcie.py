@@ -7,11 +7,12 @@ Families:
     gpu_pcie_link_max_width: nvmlDeviceGetMaxPcieLinkWidth.
     gpu_pcie_replay_errors_total: nvmlDeviceGetPcieReplayCounter.
     gpu_pcie_transmit_bytes_total, gpu_pcie_receive_bytes_total: field values
-        NVML_FI_DEV_PCIE_COUNT_TX_BYTES / _RX_BYTES (bytes since driver load), in one
-        nvmlDeviceGetFieldValues call. Where the driver lacks them, nvmlDeviceGetPcieThroughput
-        (KiB/s over a 20 ms window; each call blocks that long) integrated over time since the
-        exporter started. Each GPU is collected in its own worker, so those 20 ms waits run
-        in parallel across GPUs, never one after another.
+        NVML_FI_DEV_PCIE_COUNT_TX_BYTES / _RX_BYTES (bytes since driver load, R555 and later),
+        in one nvmlDeviceGetFieldValues call, where the first reading proves them wider than
+        32 bits (nvml.h: "Value can be wrapped"; at 32 bits they wrap faster than any
+        collection). Otherwise nvmlDeviceGetPcieThroughput (KiB/s over a 20 ms window; each
+        call blocks that long) integrated over time since the exporter started. Each GPU is
+        collected in its own worker, so those 20 ms waits run in parallel across GPUs.
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ _BYTE_FIELDS: list[int | tuple[int, int]] = [
     pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
 ]
 _TRAFFIC = (("tx", "gpu_pcie_transmit_bytes_total"), ("rx", "gpu_pcie_receive_bytes_total"))
+# A byte-counter field at or above this is wider than 32 bits, and usable as a counter.
+_WRAP_32 = 2**32
 
 # PCIe 1.0 to 7.0; x1 to x32.
 _GENERATIONS = range(1, 8)
@@ -133,15 +136,18 @@ class PcieCollector:
     def _traffic(self, device: Device, read: Reader) -> Iterator[Sample]:
         if self._source in (None, "fields"):
             counters = read(partial(device.field_values, _BYTE_FIELDS))
-            if counters is None and read.last_error is not None:
-                return  # failed this time: the source is decided on a later cycle
-            counters = counters or [None, None]
-            if None not in counters:
-                self._source = "fields"
-                for (_, family), value in zip(_TRAFFIC, counters, strict=True):
-                    yield Sample(family, value or 0)
-                return
+            values = [v for v in counters or () if v is not None]
+            if self._source is None:
+                # The fields count bytes since the driver loaded and "can be wrapped" at a width
+                # nvml.h does not give: at 32 bits they wrap every ~86 ms at Gen5 x16, faster
+                # than any collection. Used only once a reading proves them wider; otherwise,
+                # or on any error, the sampled throughput is integrated instead.
+                wide = len(values) == len(_TRAFFIC) and min(values) >= _WRAP_32
+                self._source = "fields" if wide else "throughput"
             if self._source == "fields":
+                if len(values) == len(_TRAFFIC):
+                    for (_, family), value in zip(_TRAFFIC, values, strict=True):
+                        yield Sample(family, value)
                 return
         yield from self._integrated_throughput(device, read)
 

@@ -917,7 +917,8 @@ def _field(call: Call, field_id: int, scope: int) -> tuple[int, float] | int:
     if field_id in power_limits:
         return _UNSIGNED_INT, power_limits[field_id] * 1000
     if field_id in (197, 198) and not gpu.lacks("pcie_counters"):
-        return _UNSIGNED_LONG_LONG, gpu.cumulative("pcie_tx" if field_id == 197 else "pcie_rx", t)
+        sent = gpu.cumulative("pcie_tx" if field_id == 197 else "pcie_rx", t)
+        return _UNSIGNED_LONG_LONG, round(sent) % 2**call.sim.scenario.driver.pcie_counter_bits
     return NOT_SUPPORTED
 
 

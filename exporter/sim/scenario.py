@@ -19,6 +19,7 @@ Format (every key is optional unless marked required)::
       nvml_version: "12.550.90.07"    # default "<cuda major>.<version>"
       lacks: [nvmlDeviceGetTemperatureV]   # C functions this driver does not export
       uptime: 3d                      # time since driver load at elapsed 0 (energy counter base)
+      pcie_counter_bits: 32           # width at which fields 197/198 wrap: 32 (default) or 64
       latency: {default: 0, nvmlDeviceGetPcieThroughput: 20ms}   # how long calls block (these
                                       # are the defaults; see DEFAULT_LATENCY)
     gpus:                             # required
@@ -349,6 +350,10 @@ class DriverSpec:
     nvml_version: str
     lacks: frozenset[str] = frozenset()
     uptime: float = 3 * 86400.0
+    # nvml.h on the PCIe byte fields: "Value can be wrapped"; the width is not documented, so a
+    # scenario may show either (nvml-facts.md: treat it as 32-bit). 32 wraps every ~86 ms at
+    # PCIe Gen5 x16 line rate.
+    pcie_counter_bits: int = 32
     latency: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_LATENCY))
     default_latency: float = 0.0
 
@@ -1003,7 +1008,15 @@ def _driver(value: object) -> DriverSpec:
     entry = _mapping(
         value,
         "driver",
-        {"version", "cuda_version", "nvml_version", "lacks", "uptime", "latency"},
+        {
+            "version",
+            "cuda_version",
+            "nvml_version",
+            "lacks",
+            "uptime",
+            "pcie_counter_bits",
+            "latency",
+        },
         {"version", "cuda_version"},
     )
     latency, default_latency = _latency(entry.get("latency", {}), "driver.latency")
@@ -1017,9 +1030,16 @@ def _driver(value: object) -> DriverSpec:
         ),
         lacks=_function_names(entry.get("lacks", []), "driver.lacks"),
         uptime=_duration(entry.get("uptime", "3d"), "driver.uptime"),
+        pcie_counter_bits=_counter_bits(entry.get("pcie_counter_bits", 32)),
         latency=latency,
         default_latency=default_latency,
     )
+
+
+def _counter_bits(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value not in (32, 64):
+        raise _fail("driver.pcie_counter_bits", "expected 32 or 64")
+    return value
 
 
 def _latency(value: object, path: str) -> tuple[dict[str, float], float]:

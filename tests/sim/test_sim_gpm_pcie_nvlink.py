@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -146,6 +147,7 @@ def test_pcie_byte_counters_integrate_the_rate(
     base_scenario: dict[str, Any], write_scenario: Writer, clock: ManualClock
 ) -> None:
     base_scenario["phases"][0].update(pcie_tx="1GB/s", pcie_rx={"value": "3GB/s", "noise": "1GB/s"})
+    base_scenario["driver"]["pcie_counter_bits"] = 64
     install(write_scenario(base_scenario), clock=clock)
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -156,6 +158,23 @@ def test_pcie_byte_counters_integrate_the_rate(
     tx2, rx2 = (f.value.ullVal for f in pynvml.nvmlDeviceGetFieldValues(handle, fields))
     assert tx2 - tx1 == pytest.approx(2.5e9, abs=1)
     assert rx2 - rx1 == pytest.approx(7.5e9, abs=1)  # the counters ignore the noise
+
+
+def test_pcie_byte_counters_wrap_at_32_bits_by_default(
+    base_scenario: dict[str, Any], write_scenario: Writer, clock: ManualClock
+) -> None:
+    # nvml.h: "Value can be wrapped"; nvml-facts.md: treat it as a 32-bit counter.
+    base_scenario["phases"][0].update(pcie_tx="3GB/s")
+    install(write_scenario(base_scenario), clock=clock)
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    seen = []
+    for second in range(10, 20):
+        clock.at(second)
+        (field,) = pynvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES])
+        seen.append(field.value.ullVal)
+    assert max(seen) < 2**32
+    assert any(later < earlier for earlier, later in itertools.pairwise(seen))
 
 
 def test_pcie_throughput_blocks_20_ms_and_calls_overlap_across_threads() -> None:
