@@ -136,7 +136,10 @@ def serve(config: RelayConfig, *, stop: threading.Event | None = None) -> int:
         config.queue.path,
         ", ".join(f"{name} ({t.kind})" for name, t in config.targets.items()) or "none",
     )
-    stop.wait()
+    # Python runs a signal's handler on the main thread, and only once that thread wakes: a
+    # SIGTERM the kernel hands to another thread would otherwise wait for ever.
+    while not stop.wait(1.0):
+        pass
     relay.stop()
     log.info("stopped")
     return 0

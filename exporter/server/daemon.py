@@ -186,7 +186,10 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
             ", ".join(config.alerting.delivery.targets),
             config.alerting.delivery.queue.path,
         )
-    stop.wait()
+    # Python runs a signal's handler on the main thread, and only once that thread wakes: a
+    # SIGTERM the kernel hands to another thread would otherwise wait for ever.
+    while not stop.wait(1.0):
+        pass
     server.stop()
     scheduler.shutdown(wait=False)
     if alerting is not None:
