@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import signal
@@ -34,6 +35,24 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def pause(daemon: Daemon) -> None:
+    """SIGSTOP the daemon and wait until every thread of it has stopped.
+
+    kill() returns before the stop: one thread takes the signal when it next runs and then
+    stops the others, and on a busy machine the rest may answer requests meanwhile.
+    """
+    os.kill(daemon.process.pid, signal.SIGSTOP)
+
+    def stopped() -> bool:
+        states = []
+        for stat in Path(f"/proc/{daemon.process.pid}/task").glob("*/stat"):
+            with contextlib.suppress(FileNotFoundError):  # a thread that just ended
+                states.append(stat.read_text().rpartition(")")[2].split()[0])
+        return bool(states) and all(state in ("T", "t") for state in states)
+
+    wait_until(stopped, what="the daemon to stop")
+
+
 @pytest.fixture
 def daemon():
     running = start_daemon("--simulate", "mixed", "--collect.interval", "0.5")
@@ -45,20 +64,35 @@ def test_each_daemon_has_one_front_process(daemon: Daemon) -> None:
     assert len(front_pids(daemon)) == 1
 
 
-def test_scrapes_are_answered_while_the_daemon_is_stopped(daemon: Daemon) -> None:
-    daemon.get("/metrics")  # forwarded: the daemon encodes it and hands it to the front
-    wait_until(lambda: daemon.get("/metrics").ok, what="a second scrape")
-    os.kill(daemon.process.pid, signal.SIGSTOP)
+def test_scrapes_are_answered_while_the_daemon_is_stopped() -> None:
+    # One snapshot for the whole test: no new one replaces the answer the front holds.
+    daemon = start_daemon("--simulate", "mixed", "--collect.interval", "10m")
     try:
-        answer = daemon.get("/metrics", timeout=5)
-        assert answer.status_code == 200
-        assert set(series(parse_metrics(answer.text), "gpu_up").values()) == {1}
-        # Everything else is the daemon's to answer: it waits while the daemon is stopped.
-        with pytest.raises(requests.exceptions.ReadTimeout):
-            daemon.get("/readyz", timeout=1)
+        daemon.get("/metrics")  # forwarded: the daemon encodes it and hands it to the front
+        pause(daemon)
+        try:
+            answers: list[requests.Response] = []
+
+            def scraped() -> bool:
+                # The front reads the handed answer on a thread of its own: a scrape that
+                # comes first is forwarded to the stopped daemon, and times out; retried.
+                try:
+                    answers.append(daemon.get("/metrics", timeout=2))
+                except requests.exceptions.Timeout:
+                    return False
+                return True
+
+            wait_until(scraped, timeout=30, what="a scrape answered without the daemon")
+            assert answers[0].status_code == 200
+            assert set(series(parse_metrics(answers[0].text), "gpu_up").values()) == {1}
+            # Everything else is the daemon's to answer: it waits while the daemon is stopped.
+            with pytest.raises(requests.exceptions.ReadTimeout):
+                daemon.get("/readyz", timeout=1)
+        finally:
+            os.kill(daemon.process.pid, signal.SIGCONT)
+        assert daemon.get("/readyz").text == "ready\n"
     finally:
-        os.kill(daemon.process.pid, signal.SIGCONT)
-    assert daemon.get("/readyz").text == "ready\n"
+        daemon.stop()  # SIGTERM right after SIGCONT: it must still stop
 
 
 def test_a_front_that_dies_is_started_again(daemon: Daemon) -> None:
@@ -66,7 +100,10 @@ def test_a_front_that_dies_is_started_again(daemon: Daemon) -> None:
     os.kill(first, signal.SIGKILL)
     wait_until(lambda: front_pids(daemon) and front_pids(daemon) != [first], what="a new front")
     wait_until(lambda: daemon.get("/metrics").ok, what="scrapes again")
-    assert "the HTTP front exited with status -9; starting it again" in daemon.log()
+    wait_until(
+        lambda: "the HTTP front exited with status -9; starting it again" in daemon.log(),
+        what="the restart to be logged",
+    )
     assert daemon.process.poll() is None
 
 
@@ -185,7 +222,7 @@ def test_a_forwarded_body_reaches_the_daemon_whole(daemon: Daemon) -> None:
 def frame_options(daemon: Daemon) -> str | None:
     """The header the web config adds; None while no front answers."""
     try:
-        return daemon.get("/healthz", timeout=1).headers.get("X-Frame-Options")
+        return daemon.get("/healthz", timeout=5).headers.get("X-Frame-Options")
     except requests.exceptions.RequestException:
         return None
 
@@ -202,9 +239,11 @@ def test_a_front_that_cannot_start_is_retried_until_it_can(tmp_path: Path) -> No
         wait_until(lambda: "ERROR exporter.server.front: web config" in daemon.log(), what="log")
         assert daemon.process.poll() is None
         web_config.write_text("http_server_config:\n  headers:\n    X-Frame-Options: sameorigin\n")
+        # Quick exits are retried after 1, 2, 4 ... 30 s: the mended config is read within
+        # 30 s of being written, whenever the test got to write it.
         wait_until(
             lambda: frame_options(daemon) == "sameorigin",
-            timeout=30,
+            timeout=60,
             what="a front started with the mended web config",
         )
     finally:
@@ -227,10 +266,10 @@ PROMETHEUS_ACCEPT = (
 )
 
 
-def _raw_scrape(url: str, *parts: bytes, pause: float = 0.0) -> bytes:
+def _raw_scrape(url: str, *parts: bytes, pause: float = 0.0, timeout: float = 10) -> bytes:
     """Send the request in ``parts`` (``pause`` seconds apart), read until the front closes."""
     host, port = url.split("//")[1].rstrip("/").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as connection:
+    with socket.create_connection((host, int(port)), timeout=timeout) as connection:
         for part in parts:
             connection.sendall(part)
             time.sleep(pause)
@@ -241,19 +280,38 @@ def _raw_scrape(url: str, *parts: bytes, pause: float = 0.0) -> bytes:
 
 
 def test_a_scrape_answered_on_the_accepting_thread_is_the_threads_answer_byte_for_byte() -> None:
-    # A 60 s interval: every answer below is of the one snapshot taken at start.
-    daemon = start_daemon("--simulate", "mixed", "--collect.interval", "60s")
+    # A 10 min interval: every answer below is of the one snapshot taken at start.
+    daemon = start_daemon("--simulate", "mixed", "--collect.interval", "10m")
     try:
         head = (
             "GET /metrics HTTP/1.1\r\nHost: x\r\n"
             f"Accept: {PROMETHEUS_ACCEPT}\r\nAccept-Encoding: gzip\r\nConnection: close\r\n\r\n"
         ).encode()
         first = _raw_scrape(daemon.url, head)  # a format not seen yet: forwarded to the daemon
-        whole = _raw_scrape(daemon.url, head)  # whole at accept: answered on that thread
-        # The head in two parts: not whole when accepted, so read by the connection's thread.
-        split = _raw_scrape(daemon.url, head[:20], head[20:], pause=0.2)
+        # With the daemon stopped, every answer below is one the front holds: none is forwarded.
+        pause(daemon)
+        try:
+            held: list[bytes] = []
+
+            def answered() -> bool:
+                # The front takes the handed answer on a thread of its own: a scrape that
+                # comes first is forwarded to the stopped daemon and times out; retried.
+                try:
+                    held.append(_raw_scrape(daemon.url, head, timeout=2))
+                except TimeoutError:
+                    return False
+                return True
+
+            wait_until(answered, timeout=30, what="the front to hold the answer")
+            whole = _raw_scrape(daemon.url, head)  # whole at accept: answered on that thread
+            # The head in two parts: not whole when accepted, so read by the connection's thread.
+            split = _raw_scrape(daemon.url, head[:20], head[20:], pause=0.2)
+        finally:
+            os.kill(daemon.process.pid, signal.SIGCONT)
+        assert daemon.get("/readyz").text == "ready\n"
     finally:
-        daemon.stop()
+        daemon.stop()  # SIGTERM right after SIGCONT: it must still stop
+    assert held[0] == whole
     assert whole == split
     assert whole.startswith(b"HTTP/1.1 200 OK\r\n") and b"Connection: close\r\n" in whole
     body = whole.partition(b"\r\n\r\n")[2]

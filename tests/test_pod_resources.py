@@ -7,20 +7,23 @@ PodResourcesLister; the GPUs are the simulated NVML's, so UUIDs map to indices a
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
-from helpers import parse_metrics, series, value_of
+from helpers import parse_metrics, series, value_of, wait_until
 from kubelet_helpers import FakeKubelet, Pod, remove, short_socket_dir
 from prometheus_client import generate_latest
 
 from exporter import nvml, sim
 from exporter.collection import Collection, Snapshot
-from exporter.collectors import Reader
+from exporter.collectors import Reader, Sample
 from exporter.collectors.kubernetes import KubernetesCollector, Target, resolve
 from exporter.kubernetes import Allocation, PodResourcesError
+from exporter.kubernetes import podresources_v1_pb2 as api
 from exporter.kubernetes.podresources import PodResourcesClient
 from exporter.server.http import build_registry
 
@@ -72,8 +75,10 @@ def kubelet(socket_dir: Path) -> Iterator[Callable[[list[Pod]], FakeKubelet]]:
 
 def node(scenario: str, socket: Path, **options: float) -> Collection:
     sim.install(scenario, pinned_time=30)
-    settings = {"socket": str(socket), "refresh": 0.2, "timeout": 0.5, **options}
-    return Collection({"kubernetes": True}, timeout=5, options={"kubernetes": settings})
+    # A List deadline far above what an answer takes, even on a loaded machine: only the tests
+    # about a kubelet that does not answer choose a short one.
+    settings = {"socket": str(socket), "refresh": 0.2, "timeout": 15.0, **options}
+    return Collection({"kubernetes": True}, timeout=15, options={"kubernetes": settings})
 
 
 @pytest.fixture
@@ -86,7 +91,8 @@ def collections() -> Iterator[list[Collection]]:
 
 
 def cycle_until(collection: Collection, condition: Callable[[dict], bool]) -> dict:
-    deadline = time.monotonic() + 10
+    """Run cycles until one's samples meet `condition`; 30 s at most, which only a defect takes."""
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         samples = scrape(collection.run_cycle())
         if condition(samples):
@@ -138,12 +144,10 @@ def test_list_over_the_unix_socket_returns_every_container_device(
             Pod("infra", "fpga", {"app": [("example.com/fpga", ["fpga0"])]}),
         ]
     )
-    client = PodResourcesClient(str(socket_dir / "kubelet.sock"), timeout=2)
+    client = PodResourcesClient(str(socket_dir / "kubelet.sock"), timeout=15)
     try:
         pending = client.start_list()
-        deadline = time.monotonic() + 5
-        while not pending.done() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(pending.done, timeout=30, what="the List answer")
         assert pending.result() == [
             Allocation("ml", "train-0", "main", GPU, "GPU-1"),
             Allocation("ml", "train-0", "main", GPU, "GPU-2"),
@@ -232,6 +236,33 @@ def test_missing_socket_exports_nothing_and_logs_once_at_info(
     assert pod_info(samples) == [info("2", gpus["2"], "late")]
 
 
+def test_a_hung_kubelet_never_holds_up_a_collection_cycle(
+    kubelet: Callable[[list[Pod]], FakeKubelet], socket_dir: Path, collections: list[Collection]
+) -> None:
+    server = kubelet([])
+    server.hanging.set()
+    # A refresh interval and a deadline longer than the test: one List, which the kubelet
+    # answers only when the test lets it, so the cycles below can only end by not waiting.
+    collection = node("idle", socket_dir / "kubelet.sock", refresh=60, timeout=60)
+    collections.append(collection)
+    gpus = uuids(scrape(collection.run_cycle()))  # the first cycle starts the List
+    server.pods = [Pod("ml", "train-0", {"main": [(GPU, [gpus["3"]])]})]
+    wait_until(lambda: server.calls == 1, what="the kubelet to hold the List")
+    for _ in range(3):
+        samples = scrape(collection.run_cycle())
+        assert len(series(samples, "gpu_up")) == 8
+        assert value_of(samples, "gpuload_collector_success", collector="kubernetes") == 1
+        assert value_of(samples, "gpuload_kubernetes_pod_resources_up") is None  # no answer yet
+        assert series(samples, "gpu_pod_info") == {}
+
+    server.hanging.clear()
+    samples = cycle_until(collection, lambda s: bool(series(s, "gpu_pod_info")))
+    # The answer is that of the List the cycles above did not wait for.
+    assert server.calls == 1
+    assert pod_info(samples) == [info("3", gpus["3"], "train-0")]
+    assert value_of(samples, "gpuload_kubernetes_pod_resources_up") == 1
+
+
 def test_hung_kubelet_times_out_and_the_exporter_keeps_reporting(
     kubelet: Callable[[list[Pod]], FakeKubelet],
     socket_dir: Path,
@@ -244,16 +275,12 @@ def test_hung_kubelet_times_out_and_the_exporter_keeps_reporting(
     gpus = uuids(scrape(collection.run_cycle()))
     server = kubelet([Pod("ml", "train-0", {"main": [(GPU, [gpus["3"]])]})])
     server.hanging.set()
-    slowest = 0.0
-    deadline = time.monotonic() + 1.5
-    while time.monotonic() < deadline:
-        started = time.monotonic()
-        samples = scrape(collection.run_cycle())
-        slowest = max(slowest, time.monotonic() - started)
-        time.sleep(0.05)
-    assert server.calls >= 2, "the collector retries after each deadline"
-    assert slowest < 0.25, "a hung kubelet never holds up a collection cycle"
-    assert value_of(samples, "gpuload_kubernetes_pod_resources_up") == 0
+    # A List starts only once the one before it has ended: a third one means two deadlines
+    # have passed, each retried.
+    samples = cycle_until(
+        collection,
+        lambda s: server.calls >= 3 and value_of(s, "gpuload_kubernetes_pod_resources_up") == 0,
+    )
     assert series(samples, "gpu_pod_info") == {}
     assert len(series(samples, "gpu_up")) == 8
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -266,8 +293,25 @@ def test_hung_kubelet_times_out_and_the_exporter_keeps_reporting(
     assert any("answers again" in r.getMessage() for r in caplog.records)
 
 
+class RefusingKubelet(FakeKubelet):
+    """A fake kubelet whose List fails at once (UNAVAILABLE) while `refusing` is set."""
+
+    def __init__(self, socket_path: Path, pods: list[Pod]) -> None:
+        super().__init__(socket_path, pods)
+        self.refusing = threading.Event()
+
+    def _list(
+        self, request: api.ListPodResourcesRequest, context: grpc.ServicerContext
+    ) -> api.ListPodResourcesResponse:
+        if self.refusing.is_set():
+            self.calls += 1
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the kubelet is restarting")
+            raise AssertionError("abort returned")
+        return super()._list(request, context)
+
+
 def test_last_answer_is_kept_through_short_outages_only(
-    kubelet: Callable[[list[Pod]], FakeKubelet], socket_dir: Path, collections: list[Collection]
+    socket_dir: Path, collections: list[Collection]
 ) -> None:
     sim.install("idle", pinned_time=30)
     nvml.init()
@@ -275,13 +319,17 @@ def test_last_answer_is_kept_through_short_outages_only(
         uuid = nvml.device(4).identity().uuid
     finally:
         nvml.shutdown()
-    server = kubelet([Pod("ml", "train-0", {"main": [(GPU, [uuid])]})])
+    server = RefusingKubelet(
+        socket_dir / "kubelet.sock", [Pod("ml", "train-0", {"main": [(GPU, [uuid])]})]
+    )
+    server.start()
     now = [0.0]
+    # The collector's clock is the test's; a List deadline no answer comes near.
     collector = KubernetesCollector(
-        str(socket_dir / "kubelet.sock"), refresh=10.0, timeout=0.2, clock=lambda: now[0]
+        str(socket_dir / "kubelet.sock"), refresh=10.0, timeout=15.0, clock=lambda: now[0]
     )
 
-    def collect_at(moment: float) -> list:
+    def collect_at(moment: float) -> list[Sample]:
         now[0] = moment
         nvml.init()
         try:
@@ -289,34 +337,39 @@ def test_last_answer_is_kept_through_short_outages_only(
         finally:
             nvml.shutdown()
 
-    def settled(moment: float) -> list:
-        """Collect at `moment`, then again once the call started then has ended (0.2 s)."""
-        collect_at(moment)
-        time.sleep(0.3)
-        return collect_at(moment)
+    def pods(samples: list[Sample]) -> list[tuple[str, ...]]:
+        return [s.labels[:3] for s in samples if s.family == "gpu_pod_info"]
+
+    def up(samples: list[Sample]) -> float | None:
+        found = [s.value for s in samples if s.family == "gpuload_kubernetes_pod_resources_up"]
+        return found[0] if found else None
 
     try:
-        assert any(s.family == "gpu_pod_info" for s in settled(0))
-        server.hanging.set()
+        # The List started at 0 s is read by a later collection, still at 0 s.
+        collect_at(0)
+        wait_until(lambda: pods(collect_at(0)), what="the kubelet's first answer")
+        server.refusing.set()
         # Failed refreshes at 10 s and 20 s: the answer from 0 s still stands at 30 s...
-        for moment in (10, 20, 30):
-            samples = settled(moment)
-        assert [s.labels[:3] for s in samples if s.family == "gpu_pod_info"] == [
-            ("4", uuid, "train-0")
-        ]
+        collect_at(10)
+        wait_until(lambda: up(collect_at(10)) == 0, what="the failed refresh at 10 s")
+        collect_at(20)  # another List, refused too; read now or later, it changes nothing
+        samples = collect_at(30)
+        assert pods(samples) == [("4", uuid, "train-0")]
+        assert up(samples) == 0
         # ...and is dropped once it is older than three refresh intervals.
-        assert not any(s.family == "gpu_pod_info" for s in settled(31))
+        assert pods(collect_at(31)) == []
     finally:
         collector.close()
+        server.stop()
 
 
 def test_pod_resources_error_names_the_grpc_status(socket_dir: Path) -> None:
-    client = PodResourcesClient(str(socket_dir / "absent.sock"), timeout=1)
+    # A deadline far above how long failing takes: the status must be UNAVAILABLE, never
+    # DEADLINE_EXCEEDED because the machine was slow.
+    client = PodResourcesClient(str(socket_dir / "absent.sock"), timeout=15)
     try:
         pending = client.start_list()
-        deadline = time.monotonic() + 5
-        while not pending.done() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(pending.done, timeout=30, what="the failed List")
         with pytest.raises(PodResourcesError) as raised:
             pending.result()
         assert raised.value.code == "UNAVAILABLE"
@@ -337,7 +390,8 @@ def test_daemon_serves_gpu_pod_info_over_http(
     kubelet([Pod("ml", "train-0", {"main": [(GPU, [uuid])]})])
     config = tmp_path / "gpuload.yaml"
     config.write_text(
-        f"collectors:\n  kubernetes:\n    socket: {socket_dir / 'kubelet.sock'}\n    refresh: 1s\n"
+        f"collectors:\n  kubernetes:\n    socket: {socket_dir / 'kubelet.sock'}\n"
+        "    refresh: 1s\n    timeout: 15s\n"
     )
     daemon = daemon_factory(
         "--simulate",
@@ -349,9 +403,6 @@ def test_daemon_serves_gpu_pod_info_over_http(
         "--config",
         str(config),
     )
-    deadline = time.monotonic() + 10
-    while not series(samples := daemon.metrics(), "gpu_pod_info"):
-        assert time.monotonic() < deadline, "gpu_pod_info never appeared"
-        time.sleep(0.1)
-    assert pod_info(samples) == [info("6", uuid, "train-0")]
+    wait_until(lambda: series(daemon.metrics(), "gpu_pod_info"), timeout=30, what="gpu_pod_info")
+    assert pod_info(daemon.metrics()) == [info("6", uuid, "train-0")]
     assert daemon.get("/healthz").status_code == 200

@@ -71,8 +71,8 @@ def start_alertmanager(
 
     def ready() -> bool:
         try:
-            return requests.get(url + "-/ready", timeout=1).status_code == 200
-        except requests.ConnectionError:
+            return requests.get(url + "-/ready", timeout=5).status_code == 200
+        except requests.RequestException:  # not listening yet, or too busy to answer in time
             return False
 
     wait_until(ready, timeout=20, what="Alertmanager to start")

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import itertools
 import json
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import parse_metrics, value_of, wait_until
+from helpers import Clock, parse_metrics, value_of, wait_until
 from relay_helpers import (
     FakeTarget,
     Received,
@@ -60,6 +60,58 @@ def post_get(url: str) -> str:
     import requests
 
     return requests.get(url, timeout=5).text
+
+
+NOW = 1_767_322_800.0
+
+
+class Node:
+    """A queue and a worker per target on the test's clock, stepped by hand: no thread."""
+
+    def __init__(self, directory: Path, document: dict[str, Any]) -> None:
+        self.clock = Clock(NOW)
+        self.config = relay_config.load(file=write_config(directory, document), environ={})
+        self.queue = Queue(self.config.queue.path)
+        self.metrics = RelayMetrics(self.queue, list(self.config.targets), clock=self.clock)
+        self.workers = {
+            name: Worker(
+                targets.build(target, MessageSettings()),
+                self.queue,
+                self.config.delivery,
+                self.metrics,
+                clock=self.clock,
+            )
+            for name, target in self.config.targets.items()
+        }
+
+    def accept(self, target: str, group: str) -> None:
+        """Queue a notification for `target` now, as the HTTP endpoint does."""
+        body = json.dumps(notification(alert(), group=group))
+        self.queue.enqueue(
+            [(target, f"key-{group}", body)], self.clock(), self.config.queue.max_age
+        )
+
+    def sample(self, name: str, **labels: str) -> float | None:
+        return self.metrics.registry.get_sample_value(name, labels)
+
+    def close(self) -> None:
+        self.queue.close()
+
+
+OpenNode = Callable[[Path, dict[str, Any]], Node]
+
+
+@pytest.fixture
+def nodes() -> Iterator[OpenNode]:
+    opened: list[Node] = []
+
+    def open_node(directory: Path, document: dict[str, Any]) -> Node:
+        opened.append(Node(directory, document))
+        return opened[-1]
+
+    yield open_node
+    for node in opened:
+        node.close()
 
 
 def test_notification_reaches_the_webhook_signed(tmp_path: Path, fakes: list[FakeTarget]) -> None:
@@ -132,9 +184,6 @@ def test_server_errors_are_retried_with_backoff(tmp_path: Path, fakes: list[Fake
         wait_until(lambda: len(flaky.requests) == 4, what="three retries")
         wait_until(lambda: relay.queue.entries(DELIVERED), what="the delivered row")
         assert relay.queue.entries(DELIVERED)[0].attempts == 4
-        gaps = [b.at - a.at for a, b in itertools.pairwise(flaky.requests)]
-        # Backoff with half jitter: attempt n waits at least half of 50ms * 2**(n-1).
-        assert all(gap >= 0.02 for gap in gaps)
         samples = metrics(relay)
         assert (
             value_of(samples, "gpuload_relay_deliveries_total", target="hook", outcome="failed")
@@ -142,129 +191,238 @@ def test_server_errors_are_retried_with_backoff(tmp_path: Path, fakes: list[Fake
         )
 
 
-def test_429_retry_after_pauses_the_target(tmp_path: Path, fakes: list[FakeTarget]) -> None:
+def test_each_retry_waits_out_its_backoff(
+    tmp_path: Path, fakes: list[FakeTarget], nodes: OpenNode
+) -> None:
+    flaky = fake(fakes, answers((500, {}, b"oops"), (502, {}, b""), (503, {}, b"")))
+    node = nodes(
+        tmp_path,
+        {
+            "targets": {"hook": {"type": "webhook", "url": flaky.url}},
+            "route": {"targets": ["hook"]},
+            "delivery": fast_delivery(),
+        },
+    )
+    worker = node.workers["hook"]
+    node.accept("hook", "a")
+    for attempt in (1, 2, 3):
+        worker.step()
+        assert len(flaky.requests) == attempt
+        due = node.queue.next_attempt("hook")
+        assert due is not None
+        # Backoff with half jitter: attempt n waits between half and all of 50ms * 2**(n-1).
+        ceiling = min(0.05 * 2 ** (attempt - 1), 0.2)
+        assert ceiling / 2 <= due - node.clock.now <= ceiling
+        node.clock.now = due - 0.001
+        assert worker.step() > 0
+        assert len(flaky.requests) == attempt, "retried before its backoff had passed"
+        node.clock.now = due
+    worker.step()
+    assert len(flaky.requests) == 4
+    (delivered,) = node.queue.entries(DELIVERED)
+    assert delivered.attempts == 4
+    assert node.sample("gpuload_relay_deliveries_total", target="hook", outcome="failed") == 3
+
+
+def test_429_retry_after_pauses_the_target(
+    tmp_path: Path, fakes: list[FakeTarget], nodes: OpenNode
+) -> None:
     slack = fake(fakes, answers((429, {"Retry-After": "1"}, b"rate_limited")))
-    config = {
-        "targets": {"slack": {"type": "slack", "url": slack.url, "min_interval": 0}},
-        "route": {"targets": ["slack"]},
-        "delivery": fast_delivery(storm_threshold=100),
-    }
-    with running_relay(tmp_path, config) as relay:
-        assert post(relay.url, notification(alert(), group="one")).status_code == 200
-        wait_until(lambda: slack.requests, what="the first attempt")
-        assert post(relay.url, notification(alert(), group="two")).status_code == 200
-        wait_until(lambda: len(slack.requests) == 3, what="both delivered")
-        # Neither the retry nor the other notification went out before Retry-After passed.
-        assert slack.requests[1].at - slack.requests[0].at >= 0.95
-        assert slack.requests[2].at - slack.requests[0].at >= 0.95
+    node = nodes(
+        tmp_path,
+        {
+            "targets": {"slack": {"type": "slack", "url": slack.url, "min_interval": 0}},
+            "route": {"targets": ["slack"]},
+            "delivery": fast_delivery(storm_threshold=100),
+        },
+    )
+    worker = node.workers["slack"]
+    node.accept("slack", "one")
+    worker.step()
+    assert len(slack.requests) == 1
+    node.accept("slack", "two")
+    # Neither the retry nor the other notification goes out before Retry-After has passed...
+    node.clock.now = NOW + 0.999
+    assert worker.step() > 0
+    assert len(slack.requests) == 1
+    # ...and both do once it has.
+    node.clock.now = NOW + 1.0
+    worker.step()
+    worker.step()
+    assert len(slack.requests) == 3
+    assert node.sample("gpuload_relay_deliveries_total", target="slack", outcome="delivered") == 2
 
 
-def test_rate_limit_spaces_messages_to_one_target(tmp_path: Path, fakes: list[FakeTarget]) -> None:
+def test_rate_limit_spaces_messages_to_one_target(
+    tmp_path: Path, fakes: list[FakeTarget], nodes: OpenNode
+) -> None:
     slack = fake(fakes)
-    config = {
-        "targets": {"slack": {"type": "slack", "url": slack.url, "min_interval": "300ms"}},
-        "route": {"targets": ["slack"]},
-        "delivery": fast_delivery(storm_threshold=100),
-    }
-    with running_relay(tmp_path, config) as relay:
-        for group in ("a", "b", "c"):
-            assert post(relay.url, notification(alert(), group=group)).status_code == 200
-        wait_until(lambda: len(slack.requests) == 3, what="three messages")
-        times = [request.at for request in slack.requests]
-        assert all(later - earlier >= 0.29 for earlier, later in itertools.pairwise(times))
+    node = nodes(
+        tmp_path,
+        {
+            "targets": {"slack": {"type": "slack", "url": slack.url, "min_interval": "300ms"}},
+            "route": {"targets": ["slack"]},
+            "delivery": fast_delivery(storm_threshold=100),
+        },
+    )
+    worker = node.workers["slack"]
+    for group in ("a", "b", "c"):
+        node.accept("slack", group)
+    sent_at = []
+    for step in range(15):  # a look every 70 ms, each sending at most one message
+        node.clock.now = NOW + step * 0.07
+        if worker.step() == 0.0:
+            sent_at.append(round(node.clock.now - NOW, 3))
+    # Each message at the first look at least 300 ms after the one before.
+    assert sent_at == [0.0, 0.35, 0.7]
+    assert [request.json()["text"] for request in slack.requests] == [
+        "[FIRING:1] GPUTemperatureHigh (critical)"
+    ] * 3
 
 
 def test_undeliverable_notifications_become_dead_letters(
-    tmp_path: Path, fakes: list[FakeTarget]
+    tmp_path: Path, fakes: list[FakeTarget], nodes: OpenNode
 ) -> None:
     down = fake(fakes, lambda _request: (503, {}, b"down"))
     gone = fake(fakes, lambda _request: (404, {}, b"no_service"))
-    config = {
-        "targets": {
-            "down": {"type": "webhook", "url": down.url},
-            "gone": {"type": "slack", "url": gone.url},
+    node = nodes(
+        tmp_path,
+        {
+            "targets": {
+                "down": {"type": "webhook", "url": down.url},
+                "gone": {"type": "slack", "url": gone.url},
+            },
+            "route": {"targets": ["down", "gone"]},
+            "queue": {"path": str(tmp_path / "relay.db"), "max_age": "600ms"},
+            "delivery": fast_delivery(),
         },
-        "route": {"targets": ["down", "gone"]},
-        "queue": {"path": str(tmp_path / "relay.db"), "max_age": "600ms"},
-        "delivery": fast_delivery(),
-    }
-    with running_relay(tmp_path, config) as relay:
-        assert post(relay.url, notification(alert())).status_code == 200
-        wait_until(lambda: len(relay.queue.entries(DEAD)) == 2, what="two dead letters")
-        dead = {entry.target: entry for entry in relay.queue.entries(DEAD)}
-        # A 404 is final: one attempt. A 503 is retried until queue.max_age.
-        assert len(gone.requests) == 1
-        assert "HTTP 404: no_service" in dead["gone"].last_error
-        assert len(down.requests) > 1
-        assert dead["down"].last_error.startswith("expired")
-        assert "HTTP 503" in dead["down"].last_error
-        samples = metrics(relay)
-        assert value_of(samples, "gpuload_relay_dead_letters", target="down") == 1
-        assert (
-            value_of(samples, "gpuload_relay_deliveries_total", target="gone", outcome="rejected")
-            == 1
-        )
-        assert (
-            value_of(samples, "gpuload_relay_deliveries_total", target="down", outcome="expired")
-            == 1
-        )
+    )
+    node.accept("down", "a")
+    node.accept("gone", "a")
+    # A 404 is final: one attempt.
+    node.workers["gone"].step()
+    # A 503 is retried until queue.max_age.
+    node.workers["down"].step()
+    due = node.queue.next_attempt("down")
+    assert due is not None and due < NOW + 0.6
+    node.clock.now = due
+    node.workers["down"].step()
+    node.clock.now = NOW + 1.0  # past the max age, when the worker next looks for expired rows
+    node.workers["down"].step()
+    node.workers["gone"].step()
+
+    dead = {entry.target: entry for entry in node.queue.entries(DEAD)}
+    assert set(dead) == {"down", "gone"}
+    assert len(gone.requests) == 1
+    assert "HTTP 404: no_service" in dead["gone"].last_error
+    assert len(down.requests) == 2
+    assert dead["down"].last_error.startswith("expired")
+    assert "HTTP 503" in dead["down"].last_error
+    assert node.sample("gpuload_relay_dead_letters", target="down") == 1
+    assert node.sample("gpuload_relay_deliveries_total", target="gone", outcome="rejected") == 1
+    assert node.sample("gpuload_relay_deliveries_total", target="down", outcome="expired") == 1
 
 
 def test_hung_target_does_not_delay_another(tmp_path: Path, fakes: list[FakeTarget]) -> None:
-    hung = fake(fakes, lambda _request: None)
+    gate = threading.Event()
+
+    def hang(_request: Received) -> tuple[int, dict[str, str], bytes]:
+        gate.wait(120)  # answered only once the test is done with it
+        return 200, {}, b"ok"
+
+    hung = fake(fakes, hang)
     healthy = fake(fakes)
     config = {
         "targets": {
-            "hung": {"type": "slack", "url": hung.url, "timeout": "30s"},
+            "hung": {"type": "slack", "url": hung.url, "timeout": "120s"},
             "healthy": {"type": "slack", "url": healthy.url, "min_interval": 0},
         },
         "route": {"targets": ["hung", "healthy"]},
         "delivery": fast_delivery(storm_threshold=100),
     }
-    with running_relay(tmp_path, config) as relay:
-        for group in ("a", "b", "c"):
-            assert post(relay.url, notification(alert(), group=group)).status_code == 200
-        wait_until(lambda: len(healthy.requests) == 3, what="the healthy target's messages")
-        # All three reached the healthy target while the hung one still holds its first request.
-        assert len(hung.requests) == 1
-        assert not hung.release.is_set()
-        samples = metrics(relay)
-        assert value_of(samples, "gpuload_relay_queue_depth", target="hung") == 3
-        assert value_of(samples, "gpuload_relay_queue_depth", target="healthy") == 0
-        hung.release.set()
+    try:
+        with running_relay(tmp_path, config) as relay:
+            for group in ("a", "b", "c"):
+                assert post(relay.url, notification(alert(), group=group)).status_code == 200
+
+            def healthy_done() -> bool:
+                samples = metrics(relay)
+                return (
+                    len(hung.requests) == 1
+                    and value_of(
+                        samples,
+                        "gpuload_relay_deliveries_total",
+                        target="healthy",
+                        outcome="delivered",
+                    )
+                    == 3
+                    and value_of(samples, "gpuload_relay_queue_depth", target="healthy") == 0
+                )
+
+            wait_until(healthy_done, what="three deliveries, and the hung target's first request")
+            # All three were delivered while the hung target holds its first request: it cannot
+            # answer before the gate opens, below, nor its sender time out (120 s).
+            assert len(hung.requests) == 1
+            assert [r.json()["text"] for r in healthy.requests] == [
+                "[FIRING:1] GPUTemperatureHigh (critical)"
+            ] * 3
+            assert value_of(metrics(relay), "gpuload_relay_queue_depth", target="hung") == 3
+    finally:
+        gate.set()
 
 
 def test_storm_is_coalesced_into_digests(tmp_path: Path, fakes: list[FakeTarget]) -> None:
-    slack = fake(fakes)
+    first_held, release = threading.Event(), threading.Event()
+
+    def answer(_request: Received) -> tuple[int, dict[str, str], bytes]:
+        if not first_held.is_set():
+            # The first message is answered once the storm is queued, however long that takes.
+            first_held.set()
+            release.wait(120)
+        return 200, {}, b"ok"
+
+    slack = fake(fakes, answer)
     config = {
-        "targets": {"slack": {"type": "slack", "url": slack.url, "min_interval": "1s"}},
+        "targets": {
+            "slack": {"type": "slack", "url": slack.url, "min_interval": "500ms", "timeout": "120s"}
+        },
         "route": {"targets": ["slack"]},
         "delivery": fast_delivery(storm_threshold=3, digest_max=20),
     }
-    with running_relay(tmp_path, config) as relay:
-        for i in range(30):
-            document = notification(alert(instance=f"node-{i}:19400"), group=f"g{i}")
-            assert post(relay.url, document).status_code == 200
-        wait_until(
-            lambda: value_of(metrics(relay), "gpuload_relay_queue_depth", target="slack") == 0,
-            what="an empty queue",
-        )
-        messages = [request.json() for request in slack.requests]
-        # 30 notifications at one message a second: a few messages, not 30.
-        assert len(messages) <= 6
-        digests = [m for m in messages if m["text"].startswith("Alert digest")]
-        assert digests
-        shown = "".join(json.dumps(m) for m in messages)
-        assert all(f"node-{i}:19400" in shown for i in range(30))
-        for message in messages:
-            assert len(message["blocks"]) <= 50
-            assert all(len(b["text"]["text"]) <= 3000 for b in message["blocks"])
-        samples = metrics(relay)
-        assert value_of(samples, "gpuload_relay_digests_total", target="slack") == len(digests)
-        assert (
-            value_of(samples, "gpuload_relay_deliveries_total", target="slack", outcome="delivered")
-            == 30
-        )
+    try:
+        with running_relay(tmp_path, config) as relay:
+            for i in range(30):
+                document = notification(alert(instance=f"node-{i}:19400"), group=f"g{i}")
+                assert post(relay.url, document).status_code == 200
+                if i == 0:
+                    wait_until(first_held.is_set, what="the first message")
+            release.set()
+            wait_until(
+                lambda: value_of(metrics(relay), "gpuload_relay_queue_depth", target="slack") == 0,
+                what="an empty queue",
+            )
+            messages = [request.json() for request in slack.requests]
+            # The first alone, then the 29 that waited meanwhile: a digest of the most a digest
+            # holds (20), and one of the 9 left.
+            assert len(messages) == 3
+            assert not messages[0]["text"].startswith("Alert digest")
+            digests = [m for m in messages if m["text"].startswith("Alert digest")]
+            assert len(digests) == 2
+            shown = "".join(json.dumps(m) for m in messages)
+            assert all(f"node-{i}:19400" in shown for i in range(30))
+            for message in messages:
+                assert len(message["blocks"]) <= 50
+                assert all(len(b["text"]["text"]) <= 3000 for b in message["blocks"])
+            samples = metrics(relay)
+            assert value_of(samples, "gpuload_relay_digests_total", target="slack") == 2
+            assert (
+                value_of(
+                    samples, "gpuload_relay_deliveries_total", target="slack", outcome="delivered"
+                )
+                == 30
+            )
+    finally:
+        release.set()
 
 
 def test_routes_send_each_alert_where_it_matches(tmp_path: Path, fakes: list[FakeTarget]) -> None:

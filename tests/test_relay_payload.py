@@ -124,13 +124,13 @@ def _parse_or_refuse(body: bytes) -> None:
     parsed.to_json()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=300))
 def test_any_bytes_parse_or_are_refused(body: bytes) -> None:
     _parse_or_refuse(body)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(json_values | mutated_payloads())
 def test_any_json_parses_or_is_refused(document: Any) -> None:
     _parse_or_refuse(json.dumps(document).encode())
@@ -169,7 +169,7 @@ def test_no_input_makes_the_endpoint_answer_500(tmp_path: Path) -> None:
             @settings(
                 max_examples=150,
                 deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture],
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
             )
             @given(bodies, headers, st.sampled_from(["alerts", "alerts?x=1", "", "metrics"]))
             def check(body: bytes, extra: dict[str, str], path: str) -> None:
