@@ -14,6 +14,9 @@ import pytest
 from helpers import ROOT
 
 SCRIPT = ROOT / "scripts" / "gpu-smoke"
+PROBE = ROOT / "scripts" / "nvml-probe"
+# The probe watches the PCIe counters for this long instead of 10 s.
+PROBE_SECONDS = "0.5"
 
 
 def _simulator_importable() -> bool:
@@ -25,9 +28,27 @@ def _simulator_importable() -> bool:
     return hasattr(sim, "install")
 
 
+def _probe(scenario: str | Path) -> str:
+    """scripts/nvml-probe run on its own against ``scenario``; its output (it must exit 0)."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "GPU_SMOKE_PROBE_SECONDS": PROBE_SECONDS, "PYTHONPATH": path}
+    result = subprocess.run(
+        [sys.executable, str(PROBE), "--simulate", str(scenario)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert not re.search(r"probe \S+: raised", output), output
+    return output
+
+
 @pytest.mark.skipif(not _simulator_importable(), reason="exporter.sim cannot be imported")
 def test_gpu_smoke_passes_on_simulated_training_gpus() -> None:
-    env = {**os.environ, "GPU_SMOKE_SECONDS": "3"}
+    env = {**os.environ, "GPU_SMOKE_SECONDS": "3", "GPU_SMOKE_PROBE_SECONDS": PROBE_SECONDS}
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--simulate", "training"],
         capture_output=True,
@@ -43,10 +64,81 @@ def test_gpu_smoke_passes_on_simulated_training_gpus() -> None:
     assert "reading" in output and "gpuload" in output and "nvidia-smi" in output, output
     assert "utilization.gpu [%]" in output, output
     assert "listening on http://127.0.0.1:" in output, output
+    # The driver reality probe ran after the other checks.
+    assert "\nDriver reality probe (scripts/nvml-probe" in output, output
+    checks, probe = output.split("\nDriver reality probe", 1)
     # The shortcuts were compared on every simulated GPU.
-    assert output.count("the state field agrees") == output.count("  GPU ") > 0, output
-    assert "fields read ahead: agree" in output and "MISMATCH" not in output, output
+    assert checks.count("the state field agrees") == checks.count("  GPU ") > 0, output
+    assert "fields read ahead: agree" in checks and "MISMATCH" not in output, output
+    # The probe answered every question and raised nothing.
+    assert not re.search(r"probe \S+: raised", probe), probe
+    assert all(f"\n  {number}. " in probe for number in range(1, 9)), probe
+    _answers_of_the_simulated_driver(probe, "training")
     assert output.rstrip().splitlines()[-1].startswith("PASS"), output
+
+
+def _answers_of_the_simulated_driver(probe: str, scenario: str) -> None:
+    """What the simulator's table says ``scenario``'s driver answers, in the probe's output."""
+    from exporter.sim import branches, load_scenario
+
+    driver = load_scenario(scenario).driver.version
+    assert f"    driver version: {driver}\n" in probe, probe
+    # Fields 197/198 come with R555: an older branch answers each with INVALID_ARGUMENT.
+    counters = "SUCCESS" if branches.knows_field(driver, 197) else "INVALID_ARGUMENT"
+    assert f"GPU 0 field 197 PCIE_COUNT_TX_BYTES: {counters}," in probe, probe
+    assert f"GPU 0 field 198 PCIE_COUNT_RX_BYTES: {counters}," in probe, probe
+    # Busy GPUs keep sampling: the second read, from the newest stamp, finds new samples.
+    second_read = r"GPU 0 GPU_UTILIZATION_SAMPLES after 1 s from lastSeen=[1-9]\d*: SUCCESS, "
+    assert re.search(second_read + r"valueType 1 \(UNSIGNED_INT\), \d+ samples", probe), probe
+    assert "spacing median 166.7 ms" in probe, probe  # the simulator samples 6 times a second
+    record = 32 if branches.EARLY_R535_PROCESS_RECORD.include(branches.parse(driver)) else 24
+    assert f"{record} bytes per record" in probe, probe
+    # Hopper has no per-link CRC field in the simulator (nvml.h does not say what 163 counts).
+    assert "GPU 0 link 0 field 163 NVLINK_ERROR_DL_CRC: NOT_SUPPORTED," in probe, probe
+    # The privileged reads ran here and again in the child (as this user: the simulator has none).
+    assert probe.count("GPU 0: processes SUCCESS (1); memory v2 SUCCESS") == 2, probe
+    assert "SM_UTIL SUCCESS" in probe, probe
+
+
+@pytest.mark.skipif(not _simulator_importable(), reason="exporter.sim cannot be imported")
+def test_nvml_probe_watches_the_pcie_counters_of_a_driver_that_has_them(tmp_path: Path) -> None:
+    # R570 answers fields 197/198; at 40 GB/s the default 32-bit counter wraps every ~107 ms, so
+    # reads 50 ms apart see it go down.
+    scenario = tmp_path / "r570.yaml"
+    scenario.write_text(
+        'driver: {version: "570.86.15", cuda_version: 12080}\n'
+        "gpus: [{model: h100-sxm, count: 1}]\n"
+        "phases: [{name: upload, duration: 1h, utilization: 0.9, pcie_rx: 40GB/s}]\n"
+    )
+    output = _probe(scenario)
+    assert (
+        "GPU 0 field 197 PCIE_COUNT_TX_BYTES: SUCCESS, valueType 3 (UNSIGNED_LONG_LONG)" in output
+    )
+    watched = re.search(
+        r"GPU 0 field 198: (\d+) reads, min \d+, max \d+ \((\d+) bits\), largest step \d+, "
+        r"decreases (\d+)",
+        output,
+    )
+    assert watched is not None, output
+    reads, bits, decreases = map(int, watched.groups())
+    assert reads >= 5 and bits <= 32 and decreases >= 1, output
+    assert re.search(r"SUCCESS: [-\d,]*197-198", output), output  # the field sweep knows them
+
+
+@pytest.mark.skipif(not _simulator_importable(), reason="exporter.sim cannot be imported")
+def test_nvml_probe_reports_the_dry_sample_ring_of_an_idle_gpu() -> None:
+    output = _probe("idle")
+    assert "GPU 0 GPU_UTILIZATION_SAMPLES lastSeen=0: NOT_FOUND\n" in output, output
+    assert "GPU 0 GPU_UTILIZATION_SAMPLES after 1 s from lastSeen=0: NOT_FOUND\n" in output, output
+    assert "GPU 0 _v3: size query SUCCESS, count 0: no process" in output, output
+
+
+@pytest.mark.skipif(not _simulator_importable(), reason="exporter.sim cannot be imported")
+def test_nvml_probe_leaves_out_a_lost_gpu_and_asks_the_others() -> None:
+    # The probe's simulated driver started a minute ago: GPU 3 fell off the bus at 60 s.
+    output = _probe("fell-off-bus")
+    assert "GPU 3 nvmlDeviceGetHandleByIndex: GPU_IS_LOST" in output, output
+    assert "GPU 4 nvmlGpmSampleGet x2" in output and "GPU 3 nvmlGpm" not in output, output
 
 
 @pytest.mark.skipif(not _simulator_importable(), reason="exporter.sim cannot be imported")
@@ -59,7 +151,12 @@ def test_gpu_smoke_says_first_that_an_older_nvidia_ml_py_is_unsupported(tmp_path
         "Metadata-Version: 2.1\nName: nvidia-ml-py\nVersion: 11.525.150\n"
     )
     path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "GPU_SMOKE_SECONDS": "1", "PYTHONPATH": path}
+    env = {
+        **os.environ,
+        "GPU_SMOKE_SECONDS": "1",
+        "GPU_SMOKE_PROBE_SECONDS": PROBE_SECONDS,
+        "PYTHONPATH": path,
+    }
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--simulate", "training"],
         capture_output=True,
