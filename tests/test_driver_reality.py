@@ -24,6 +24,7 @@ from exporter.alerting.history import snapshot_samples
 from exporter.collection import Collection, Snapshot
 from exporter.collectors import REGISTRY
 from exporter.server.http import build_registry
+from exporter.sim.scenario import SCENARIO_DIR
 
 # One H100 at 95% for a minute, then idle with its memory still held (in use, for the alerts):
 # nothing runs on it from 60 s, so its sample ring stops filling.
@@ -297,3 +298,38 @@ def test_a_read_refused_for_lack_of_privilege_is_reported_not_counted_as_a_failu
     assert refused == {("memory", "memory"): 1, ("processes", "compute_processes"): 1}
     logged = [r.getMessage() for r in caplog.records if "NO_PERMISSION" in r.getMessage()]
     assert len(logged) == 2 and all("run gpuload as root" in line for line in logged), logged
+
+
+@pytest.mark.parametrize("scenario", ["h100-mig", "a100-mig", "training"])
+@pytest.mark.parametrize("caller", ["root", "unprivileged", "unprivileged-no-host-pid"])
+def test_every_collector_succeeds_or_reports_a_refusal_whoever_calls(
+    tmp_path: Path, scenario: str, caller: str
+) -> None:
+    text = (SCENARIO_DIR / f"{scenario}.yaml").read_text()
+    with _node(tmp_path, f"caller: {caller}\n{text}", at=30) as (clock, collection):
+        for t in (30, 31, 32):
+            clock.now = t
+            samples = _scrape(collection.run_cycle())
+    failed = {
+        dict(k)["collector"]
+        for (n, k), v in samples.items()
+        if n == "gpuload_collector_success" and v != 1
+    }
+    assert failed == set()
+    assert not [k for (name, k) in samples if name == "gpuload_nvml_errors_total"], samples
+    refused = {
+        (dict(k)["collector"], dict(k)["read"])
+        for (name, k) in samples
+        if name == "gpuload_nvml_permission_denied"
+    }
+    mig = scenario != "training"
+    if caller == "root":
+        assert refused == set()
+    else:
+        # Whole-GPU memory and processes on MIG GPUs (nvml.h), GPM samples (DCGM issue 214).
+        assert (("memory", "memory") in refused) == mig, refused
+        assert (("processes", "compute_processes") in refused) == mig, refused
+        assert (("gpm", "gpm_sample") in refused) == (scenario != "a100-mig"), refused  # Hopper
+    counted = {dict(k)["gpu"]: v for (name, k), v in samples.items() if name == "gpu_processes"}
+    if caller == "unprivileged-no-host-pid":
+        assert set(counted.values()) <= {0}, counted  # the driver hides them: none visible

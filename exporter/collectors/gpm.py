@@ -77,7 +77,7 @@ class GpmCollector:
             self._sampler = read(device.gpm_sampler)
             if self._sampler is None:
                 return
-        metrics = read(self._sampler.take)
+        metrics = read(self._sampler.take, what="gpm_sample")
         if metrics:
             yield from gpm_samples(metrics)
 

@@ -105,7 +105,7 @@ class MigCollector:
                 if sampler is None:
                     continue
                 self._samplers[instance.gpu_instance] = sampler
-            metrics = read(sampler.take) or {}
+            metrics = read(sampler.take, what="gpm_sample") or {}
             labels = (str(instance.gpu_instance), instance.profile)
             for sample in gpm_samples(metrics, prefix="gpu_mig_"):
                 yield Sample(sample.family, sample.value, labels)

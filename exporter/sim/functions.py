@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from exporter.sim import branches
+from exporter.sim import branches, privileges
 from exporter.sim.device import SAMPLES_PER_SECOND, MigDevice, RunningProcess, SimulatedGpu
 
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ UNINITIALIZED = 1
 INVALID_ARGUMENT = 2
 NOT_SUPPORTED = 3
 NOT_FOUND = 6
+NO_PERMISSION = 4
 INSUFFICIENT_SIZE = 7
 DRIVER_NOT_LOADED = 9
 TIMEOUT = 10
@@ -620,6 +621,8 @@ def _driver_model(call: Call, current: Any, pending: Any) -> int:
 
 
 def _processes(call: Call, kind: str) -> list[RunningProcess]:
+    if not privileges.sees_processes(call.sim.scenario.caller):
+        return []
     return (call.mig or call.device).processes(call.t, kind)
 
 

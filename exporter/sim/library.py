@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from exporter.sim import branches, events, gpm, memory_errors, mig, nvlink
+from exporter.sim import branches, events, gpm, memory_errors, mig, nvlink, privileges
 from exporter.sim.device import HANDLE_BASE, HANDLE_STRIDE, MigDevice, SimulatedGpu
 from exporter.sim.events import EventSets
 from exporter.sim.functions import (
@@ -50,6 +50,7 @@ from exporter.sim.functions import (
     GPU_IS_LOST,
     INIT_FUNCTIONS,
     INVALID_ARGUMENT,
+    NO_PERMISSION,
     NOT_SUPPORTED,
     SUCCESS,
     UNINITIALIZED,
@@ -228,6 +229,13 @@ class SimulatedNvml:
         """Apply the scenario's faults to one call, then run its handler."""
         if call.gpu is not None and self._window("gpu_lost", call.gpu, call.name, call.t):
             return GPU_IS_LOST
+        if call.gpu is not None and privileges.refused(
+            self.scenario.caller,
+            call.name,
+            mig_enabled=bool(call.gpu.mig),
+            on_mig_handle=call.mig is not None,
+        ):
+            return NO_PERMISSION
         hangs = self._window("hang", call.gpu, call.name, call.t)
         if hangs:
             # No lock is held here, so a hung call stalls only its own caller.

@@ -13,6 +13,7 @@ Format (every key is optional unless marked required)::
     description: one line shown by `gpuload sim list`
     seed: 0                           # default seed for noise, UUIDs, serials and PIDs
     loop: true                        # after the last phase: start again (true) or hold it (false)
+    caller: root                      # or unprivileged, unprivileged-no-host-pid (see `privileges`)
     driver:                           # required
       version: "550.90.07"            # required
       cuda_version: 12040             # required
@@ -394,6 +395,8 @@ class Scenario:
     driver: DriverSpec
     gpus: tuple[GpuSpec, ...]
     faults: tuple[Fault, ...] = ()
+    # Who calls NVML: root, unprivileged, or unprivileged without the host's PID namespace.
+    caller: str = "root"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1133,7 +1136,8 @@ def _faults(value: object, gpus: tuple[GpuSpec, ...]) -> tuple[Fault, ...]:
     return tuple(faults)
 
 
-_TOP_KEYS = {"name", "description", "seed", "loop", "driver", "gpus", "phases", "faults"}
+_TOP_KEYS = {"name", "description", "seed", "loop", "caller", "driver", "gpus", "phases", "faults"}
+CALLERS = ("root", "unprivileged", "unprivileged-no-host-pid")
 
 
 def parse_scenario(document: object, default_name: str = "scenario") -> Scenario:
@@ -1150,7 +1154,14 @@ def parse_scenario(document: object, default_name: str = "scenario") -> Scenario
         driver=_driver(entry["driver"]),
         gpus=gpus,
         faults=_faults(entry.get("faults", []), gpus),
+        caller=_caller(entry.get("caller", "root")),
     )
+
+
+def _caller(value: object) -> str:
+    if value not in CALLERS:
+        raise _fail("caller", f"expected one of {', '.join(CALLERS)}")
+    return str(value)
 
 
 def _read_yaml(path: Path) -> object:
