@@ -69,7 +69,7 @@ class UtilizationCollector:
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Yield the utilization ratios that this GPU reports."""
         means = self._sample_means(device, read)
-        if means is None or None in means:
+        if None in means:
             # No samples (older GPUs, MIG), or no new one since the last collection: the
             # driver's ring runs dry on an idle GPU, so the last mean is not what it does now.
             rates = read(
@@ -78,10 +78,8 @@ class UtilizationCollector:
                 what="utilization",
             )
             instant = (None, None) if rates is None else (rates.gpu_percent, rates.memory_percent)
-            means = (
-                instant
-                if means is None
-                else tuple(instant[k] if mean is None else mean for k, mean in enumerate(means))
+            means = tuple(
+                now if mean is None else mean for mean, now in zip(means, instant, strict=True)
             )
         gpu, memory = means
         if gpu is not None:
@@ -95,7 +93,7 @@ class UtilizationCollector:
         if decoder is not None:
             yield Sample("gpu_decoder_utilization_ratio", ratio_from_percent(decoder))
 
-    def _sample_means(self, device: Device, read: Reader) -> tuple[float | None, ...] | None:
+    def _sample_means(self, device: Device, read: Reader) -> tuple[float | None, ...]:
         """Mean percent of each kind since the last collection (None: no new sample).
 
         None for both when the GPU has no samples (older GPUs, GPUs in MIG mode).
@@ -108,7 +106,7 @@ class UtilizationCollector:
                 what=f"{kind} utilization samples",
             )
             if samples is None:
-                return None
+                return (None, None)
             means.append(self._mean_of_new(kind, samples))
         return tuple(means)
 
