@@ -46,10 +46,10 @@ def _probe(scenario: str | Path) -> str:
     return output
 
 
-@pytest.mark.skipif(not _simulator_importable(), reason="exporter.sim cannot be imported")
-def test_gpu_smoke_passes_on_simulated_training_gpus() -> None:
-    env = {**os.environ, "GPU_SMOKE_SECONDS": "3", "GPU_SMOKE_PROBE_SECONDS": PROBE_SECONDS}
-    result = subprocess.run(
+def _smoke_on_training(**environment: str) -> subprocess.CompletedProcess[str]:
+    """scripts/gpu-smoke on the simulated training node, with these environment variables."""
+    env = {**os.environ, "GPU_SMOKE_PROBE_SECONDS": PROBE_SECONDS, **environment}
+    return subprocess.run(
         [sys.executable, str(SCRIPT), "--simulate", "training"],
         capture_output=True,
         text=True,
@@ -57,6 +57,11 @@ def test_gpu_smoke_passes_on_simulated_training_gpus() -> None:
         timeout=120,
         check=False,
     )
+
+
+@pytest.mark.skipif(not _simulator_importable(), reason="exporter.sim cannot be imported")
+def test_gpu_smoke_passes_on_simulated_training_gpus() -> None:
+    result = _smoke_on_training(GPU_SMOKE_SECONDS="3")
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     installed = importlib.metadata.version("nvidia-ml-py")
@@ -151,20 +156,7 @@ def test_gpu_smoke_says_first_that_an_older_nvidia_ml_py_is_unsupported(tmp_path
         "Metadata-Version: 2.1\nName: nvidia-ml-py\nVersion: 11.525.150\n"
     )
     path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-    env = {
-        **os.environ,
-        "GPU_SMOKE_SECONDS": "1",
-        "GPU_SMOKE_PROBE_SECONDS": PROBE_SECONDS,
-        "PYTHONPATH": path,
-    }
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--simulate", "training"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
+    result = _smoke_on_training(GPU_SMOKE_SECONDS="1", PYTHONPATH=path)
     output = result.stdout + result.stderr
     declared = re.search(r'"nvidia-ml-py>=([0-9.]+)"', (ROOT / "pyproject.toml").read_text())
     assert declared is not None
