@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from helpers import Clock, parse_metrics, value_of
+from helpers import ROOT, Clock, parse_metrics, value_of
 from prometheus_client import generate_latest
 
 from exporter import sim
@@ -24,6 +24,7 @@ from exporter.alerting.history import snapshot_samples
 from exporter.collection import Collection, Snapshot
 from exporter.collectors import REGISTRY
 from exporter.server.http import build_registry
+from exporter.sim import FUNCTION_NAMES, branches
 from exporter.sim.scenario import SCENARIO_DIR
 
 # One H100 at 95% for a minute, then idle with its memory still held (in use, for the alerts):
@@ -333,3 +334,36 @@ def test_every_collector_succeeds_or_reports_a_refusal_whoever_calls(
     counted = {dict(k)["gpu"]: v for (name, k), v in samples.items() if name == "gpu_processes"}
     if caller == "unprivileged-no-host-pid":
         assert set(counted.values()) <= {0}, counted  # the driver hides them: none visible
+
+
+CAPTURES = ROOT.parent / "shared" / "reality" / "captures"
+
+
+def _exported_symbols(capture: Path) -> frozenset[str]:
+    """The `nvml*` functions a recorded machine's libnvidia-ml.so.1 exports."""
+    lines = capture.read_text().splitlines()
+    start = lines.index("# capabilities :: nvml-symbols")
+    symbols = set()
+    for line in lines[start + 1 :]:
+        if line.startswith("# ") and "::" in line:
+            break  # the next section
+        if line.startswith("nvml"):
+            symbols.add(line.strip())
+    return frozenset(symbols)
+
+
+@pytest.mark.skipif(not CAPTURES.is_dir(), reason="needs ../shared/reality (recorded machines)")
+def test_the_branch_table_agrees_with_the_recorded_drivers_symbols() -> None:
+    recorded = [
+        path
+        for path in sorted(CAPTURES.glob("*.txt"))
+        if "# capabilities :: nvml-symbols" in path.read_text()
+    ]
+    assert len(recorded) >= 2, recorded
+    for capture in recorded:
+        version = capture.stem.rsplit("__", 1)[1]
+        symbols = _exported_symbols(capture)
+        lacks = branches.lacks_functions(version)
+        # What the simulated driver of that release exports, the real one exports too.
+        assert sorted(FUNCTION_NAMES - lacks - symbols) == [], capture.name
+        assert sorted(lacks & symbols) == [], capture.name
