@@ -2,13 +2,20 @@
 
 Families:
     gpu_mig_mode_enabled: nvmlDeviceGetMigMode (current mode).
-    gpu_mig_memory_used_bytes{mig_instance,mig_profile}, gpu_mig_memory_total_bytes:
-        nvmlDeviceGetMemoryInfo on each MIG device handle.
+    gpu_mig_memory_used_bytes{mig_instance,mig_profile}, gpu_mig_memory_total_bytes: once per
+        GPU instance, nvmlDeviceGetMemoryInfo on its first MIG device handle.
     gpu_mig_<metric>_ratio{mig_instance,mig_profile}: GPM per GPU instance
         (nvmlGpmMigSampleGet), on GPUs with GPM, for the metrics of the gpm collector.
+    gpu_mig_multiprocessors{mig_instance,mig_compute_instance,mig_profile}: once per MIG device,
+        nvmlDeviceGetAttributes_v2 (multiprocessorCount).
 
 In MIG mode NVML has no whole-GPU utilization; per-instance GPM is the load signal.
-`mig_instance` is the GPU instance id, `mig_profile` e.g. 1g.10gb.
+A MIG device handle is one compute instance of a GPU instance (nvml.h): a GPU instance split into
+compute instances has one handle per compute instance, all with its GPU instance id, sharing its
+memory and GPM. So memory and GPM are exported once per GPU instance, never per compute instance.
+`mig_instance` is the GPU instance id and `mig_profile` its profile (e.g. 3g.71gb); on
+gpu_mig_multiprocessors `mig_compute_instance` is the compute instance id and `mig_profile` the
+MIG device's (1c.3g.71gb for a compute instance of 1 of the GPU instance's 3 slices).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from exporter.collectors.gpm import HELP, gpm_samples
 from exporter.nvml import GPM_METRICS, Device, GpmSampler, MigDevice
 
 _MIG_LABELS = ("mig_instance", "mig_profile")
+_MIG_DEVICE_LABELS = ("mig_instance", "mig_compute_instance", "mig_profile")
 
 FAMILIES = (
     Family(
@@ -31,20 +39,29 @@ FAMILIES = (
     Family(
         "gpu_mig_memory_used_bytes",
         "gauge",
-        "Memory used in a MIG instance, in bytes (nvmlDeviceGetMemoryInfo on the MIG device).",
+        "Memory used in a MIG GPU instance, shared by its compute instances, in bytes "
+        "(nvmlDeviceGetMemoryInfo on its MIG device).",
         _MIG_LABELS,
     ),
     Family(
         "gpu_mig_memory_total_bytes",
         "gauge",
-        "Memory of a MIG instance, in bytes (nvmlDeviceGetMemoryInfo on the MIG device).",
+        "Memory of a MIG GPU instance, shared by its compute instances, in bytes "
+        "(nvmlDeviceGetMemoryInfo on its MIG device).",
         _MIG_LABELS,
+    ),
+    Family(
+        "gpu_mig_multiprocessors",
+        "gauge",
+        "Streaming multiprocessors of a MIG device, one compute instance of a GPU instance "
+        "(nvmlDeviceGetAttributes_v2 multiprocessorCount).",
+        _MIG_DEVICE_LABELS,
     ),
     *(
         Family(
             f"gpu_mig_{metric}_ratio",
             "gauge",
-            f"{HELP[metric]} in a MIG instance, 0..1, "
+            f"{HELP[metric]} in a MIG GPU instance, 0..1, "
             "since the previous collection (nvmlGpmMigSampleGet, nvmlGpmMetricsGet).",
             _MIG_LABELS,
         )
@@ -59,9 +76,17 @@ def _mode(device: Device, read: Reader) -> Iterator[Sample]:
         yield Sample("gpu_mig_mode_enabled", 1 if enabled else 0)
 
 
+def _by_gpu_instance(devices: list[MigDevice]) -> dict[int, MigDevice]:
+    """The first MIG device of each GPU instance: the one to ask for what they share."""
+    first: dict[int, MigDevice] = {}
+    for device in sorted(devices, key=lambda d: (d.gpu_instance, d.compute_instance)):
+        first.setdefault(device.gpu_instance, device)
+    return first
+
+
 @register("mig", FAMILIES)
 class MigCollector:
-    """MIG mode, and memory and GPM metrics per MIG instance."""
+    """MIG mode, memory and GPM metrics per GPU instance, and SMs per MIG device."""
 
     def __init__(self) -> None:
         self._gpm: bool | None = None
@@ -76,9 +101,14 @@ class MigCollector:
             return
         yield from mode
         enabled = mode[0].value == 1
-        instances = (read(device.mig_devices) or []) if enabled else []
-        for instance in instances:
-            labels = (str(instance.gpu_instance), instance.profile)
+        devices = (read(device.mig_devices) or []) if enabled else []
+        for mig in devices:
+            if mig.multiprocessors is not None:
+                ids = (str(mig.gpu_instance), str(mig.compute_instance), mig.profile)
+                yield Sample("gpu_mig_multiprocessors", mig.multiprocessors, ids)
+        instances = _by_gpu_instance(devices)
+        for instance in instances.values():
+            labels = (str(instance.gpu_instance), instance.gpu_instance_profile)
             memory = read(instance.device.memory)
             if memory is not None:
                 yield Sample("gpu_mig_memory_used_bytes", memory.used, labels)
@@ -86,7 +116,7 @@ class MigCollector:
         yield from self._instance_metrics(device, instances, read)
 
     def _instance_metrics(
-        self, device: Device, instances: list[MigDevice], read: Reader
+        self, device: Device, instances: dict[int, MigDevice], read: Reader
     ) -> Iterator[Sample]:
         if self._gpm is None:
             supported = read(device.gpm_supported)
@@ -95,10 +125,9 @@ class MigCollector:
             self._gpm = bool(supported)
         if not self._gpm:
             return
-        present = {instance.gpu_instance for instance in instances}
-        for gone in set(self._samplers) - present:
+        for gone in set(self._samplers) - set(instances):
             self._samplers.pop(gone).free()
-        for instance in instances:
+        for instance in instances.values():
             sampler = self._samplers.get(instance.gpu_instance)
             if sampler is None:
                 sampler = read(partial(device.gpm_sampler, instance.gpu_instance))
@@ -106,7 +135,7 @@ class MigCollector:
                     continue
                 self._samplers[instance.gpu_instance] = sampler
             metrics = read(sampler.take, what="gpm_sample") or {}
-            labels = (str(instance.gpu_instance), instance.profile)
+            labels = (str(instance.gpu_instance), instance.gpu_instance_profile)
             for sample in gpm_samples(metrics, prefix="gpu_mig_"):
                 yield Sample(sample.family, sample.value, labels)
 

@@ -9,9 +9,11 @@ Families (label `link`, the link index):
         _RECOVERY (scope = link), every link in one call per slow interval; where a driver
         answers NOT_SUPPORTED for a field, nvmlDeviceGetNvLinkState or
         nvmlDeviceGetNvLinkErrorCounter DL_REPLAY / DL_RECOVERY for that link.
-    gpu_nvlink_crc_errors_total{type="flit"|"data"}: nvmlDeviceGetNvLinkErrorCounter
-        DL_CRC_FLIT / DL_CRC_DATA per link. The field NVML_FI_DEV_NVLINK_ERROR_DL_CRC is one
-        "NVLink CRC Error Counter" (nvml.h), without the flit/data split this family has.
+    gpu_nvlink_crc_errors_total{type="flit"|"data"|"all"}: nvmlDeviceGetNvLinkErrorCounter
+        DL_CRC_FLIT / DL_CRC_DATA per link where the GPU has them; on Hopper and newer, which
+        lost them ("removed in Hopper, replaced with NVML_FI_DEV_NVLINK_ERROR_DL_CRC", NVML
+        change log v520->v525), that field's one count per link, as type="all". Summed over
+        `type`, a link's CRC errors read alike on every architecture.
 
 The links a GPU has are found once, on its first collection, by asking each link's
 state until NVML says the link does not exist.
@@ -61,8 +63,8 @@ FAMILIES = (
     Family(
         "gpu_nvlink_crc_errors_total",
         "counter",
-        "CRC errors on the link, by flit or data "
-        "(nvmlDeviceGetNvLinkErrorCounter DL_CRC_FLIT / DL_CRC_DATA).",
+        "CRC errors on the link, by flit or data (nvmlDeviceGetNvLinkErrorCounter DL_CRC_FLIT / "
+        "DL_CRC_DATA), or all of them on Hopper and newer (field NVML_FI_DEV_NVLINK_ERROR_DL_CRC).",
         ("link", "type"),
     ),
 )
@@ -87,6 +89,8 @@ _CRC_COUNTERS = (
     (pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, "flit"),
     (pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA, "data"),
 )
+# Hopper's replacement for the two counters: one count per link (scope = link).
+_CRC_FIELD = pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC
 # (family, field id, multiplier to bytes)
 _THROUGHPUT = (
     ("gpu_nvlink_transmit_bytes_total", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 1024),
@@ -114,12 +118,14 @@ class NvlinkCollector:
         self._links: list[int] | None = None
         # Link state and error counters change rarely: read once per slow interval.
         self._health = SlowReads()
+        # Set once the GPU shows it has no per-link CRC counters but the CRC field (Hopper+).
+        self._crc_from_field = False
 
     def fields(self, slow_due: bool) -> list[FieldId]:
-        """Every link's traffic; its state and replay/recovery errors when slow reads are due."""
+        """Every link's traffic; its state and errors when slow reads are due."""
         per_link = [field for _, field, _ in _THROUGHPUT]
         if slow_due:
-            per_link += [_STATE_FIELD, *(field for _, field, _ in _ERROR_FIELDS)]
+            per_link += [_STATE_FIELD, *(field for _, field, _ in _ERROR_FIELDS), _CRC_FIELD]
         return [(field, link) for field in per_link for link in self._links or ()]
 
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
@@ -136,17 +142,30 @@ class NvlinkCollector:
         assert self._links is not None
         health = [("gpu_nvlink_link_up", _STATE_FIELD)]
         health += [(family, field) for family, field, _ in _ERROR_FIELDS]
+        health += [("gpu_nvlink_crc_errors_total", _CRC_FIELD)]
         yield from self._fields(device, read, health)
-        for link in self._links:
+
+    def _crc_errors(
+        self, device: Device, read: Reader, link: int, field: int | None
+    ) -> Iterator[Sample]:
+        """A link's flit and data CRC counters; Hopper's one CRC field where it has no counters."""
+        if not self._crc_from_field:
+            absent = True  # both counters answered that they do not exist, not an error
             for counter, kind in _CRC_COUNTERS:
                 count = read(partial(device.nvlink_error_count, link, counter))
+                absent = absent and count is None and read.last_error is None
                 if count is not None:
                     yield Sample("gpu_nvlink_crc_errors_total", count, (str(link), kind))
+            if not absent or field is None:
+                return
+            self._crc_from_field = True
+        if field is not None:
+            yield Sample("gpu_nvlink_crc_errors_total", field, (str(link), "all"))
 
     def _fields(
         self, device: Device, read: Reader, per_link: list[tuple[str, int]]
     ) -> Iterator[Sample]:
-        """Field values of every link in one call: traffic, or state and replay/recovery."""
+        """Field values of every link in one call: traffic, or state and errors."""
         assert self._links is not None
         wanted = [(family, field, link) for family, field in per_link for link in self._links]
         fields = [(field, link) for _, field, link in wanted]
@@ -154,6 +173,9 @@ class NvlinkCollector:
         scale = {field: multiplier for _, field, multiplier in _THROUGHPUT}
         fallback = {field: counter for _, field, counter in _ERROR_FIELDS}
         for (family, field, link), value in zip(wanted, values, strict=True):
+            if field == _CRC_FIELD:
+                yield from self._crc_errors(device, read, link, value)
+                continue
             if field == _STATE_FIELD:
                 value = _link_up(device, read, link, value)
             elif value is None and field in fallback:

@@ -4,6 +4,16 @@ Families:
     gpu_xid_errors_total{xid}: critical XID events per GPU and XID code since the exporter
         started (nvmlEventSetWait_v2 with nvmlEventTypeXidCriticalError).
     gpu_last_xid_code: the last XID code seen on the GPU, 0 when none.
+    gpuload_xid_instance_events_withheld: per GPU in MIG mode, 1 when NVML does not deliver
+        the XIDs of its MIG instances to this process, else 0 (see below).
+
+In MIG mode nvmlEventSetWait_v2 "reports all the events for the available instances, only if
+the caller has appropriate privileges. In absence of required privileges, only the events which
+affect all the instances (i.e. whole device) are reported" (nvml.h): nothing fails, the events
+are just missing. nvml.h gives a MIG GPU's whole-GPU memory (nvmlDeviceGetMemoryInfo) on the
+same condition, so when the event thread starts, each MIG GPU's memory is read once: the
+driver's own NO_PERMISSION tells that this process is not privileged, on a real node and on the
+simulator alike, whatever the process's user id says inside its container.
 
 The wait runs in its own thread so that collection never blocks on it. The thread is
 started on the first collection, stopped (within one wait timeout) before NVML shuts
@@ -17,9 +27,11 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 
+import pynvml
+
 from exporter import nvml
 from exporter.collectors.base import Family, Reader, Sample, register
-from exporter.nvml import NotSupported, NvmlError, XidEventSet
+from exporter.nvml import Device, NotSupported, NvmlError, XidEventSet
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +49,19 @@ FAMILIES = (
         "Code of the last critical XID error on the GPU, 0 "
         "when none since the exporter started (nvmlEventSetWait_v2).",
     ),
+    Family(
+        "gpuload_xid_instance_events_withheld",
+        "gauge",
+        "1 for a GPU in MIG mode whose MIG instances' XID errors NVML does not deliver to this "
+        "process, which is not privileged (nvmlEventSetWait_v2): gpu_xid_errors_total lacks them. "
+        "0 when they are delivered.",
+    ),
+)
+
+# What to change: the same advice as for any read NVML keeps from an unprivileged caller.
+_PERMISSION_HINT = (
+    "run gpuload as root (Helm: exporter.securityContext.runAsUser: 0 and runAsNonRoot: false) "
+    "if you need them"
 )
 
 # How long one wait blocks: also the longest a stop request waits for the thread.
@@ -68,6 +93,8 @@ class XidWatcher:
 
     def __init__(self, tally: XidTally) -> None:
         self.uuids: dict[int, str] = {}
+        # GPU index -> whether NVML withholds its MIG instances' events; MIG GPUs only.
+        self.instance_events_withheld: dict[int, bool] = {}
         self.error: NvmlError | None = None
         self._tally = tally
         self._event_set: XidEventSet | None = None
@@ -86,6 +113,9 @@ class XidWatcher:
                 log.debug("GPU %d left out of the XID event set: %s", index, error)
                 continue
             devices.append(device)
+            withheld = _instance_events_withheld(device)
+            if withheld is not None:
+                self.instance_events_withheld[index] = withheld
         try:
             self._event_set = XidEventSet(devices)
         except NotSupported:
@@ -125,6 +155,23 @@ class XidWatcher:
                 self._tally.add(event.gpu, event.xid)
 
 
+def _instance_events_withheld(device: Device) -> bool | None:
+    """For a GPU in MIG mode, whether NVML keeps its instances' events from this process.
+
+    None for a GPU not in MIG mode, whose events are all whole-GPU ones.
+    """
+    try:
+        if not device.mig_mode_enabled():
+            return None
+    except NvmlError:
+        return None  # not MIG-capable, or gone: no instance events to miss
+    try:
+        device.memory()
+    except NvmlError as error:
+        return error.code == pynvml.NVML_ERROR_NO_PERMISSION
+    return False
+
+
 @register("xid", FAMILIES, scope="node")
 class XidCollector:
     """Critical XID errors per GPU, from an NVML event thread."""
@@ -133,6 +180,7 @@ class XidCollector:
         self._tally = XidTally()
         self._watcher: XidWatcher | None = None
         self._supported = True
+        self._warned = False  # the missing instance events are logged once
 
     def collect(self, read: Reader) -> Iterator[Sample]:
         """Yield the XID counts seen by the event thread; (re)start it if it is not running."""
@@ -159,6 +207,22 @@ class XidCollector:
             yield Sample("gpu_xid_errors_total", count, (str(gpu), uuids.get(gpu, ""), str(xid)))
         for gpu, uuid in sorted(uuids.items()):
             yield Sample("gpu_last_xid_code", last.get(gpu, 0), (str(gpu), uuid))
+        withheld = self._watcher.instance_events_withheld
+        for gpu, hidden in sorted(withheld.items()):
+            labels = (str(gpu), uuids.get(gpu, ""))
+            yield Sample("gpuload_xid_instance_events_withheld", int(hidden), labels)
+        self._warn_once([gpu for gpu, hidden in sorted(withheld.items()) if hidden])
+
+    def _warn_once(self, gpus: list[int]) -> None:
+        if not gpus or self._warned:
+            return
+        self._warned = True
+        log.warning(
+            "collector xid: NVML does not deliver the XID errors of MIG instances on GPU %s to "
+            "this process (not privileged); gpu_xid_errors_total counts only whole-GPU ones. %s",
+            ", ".join(map(str, gpus)),
+            _PERMISSION_HINT,
+        )
 
     def close(self) -> None:
         """Stop the event thread."""

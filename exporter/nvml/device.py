@@ -24,6 +24,8 @@ from exporter.nvml.gpm import GpmSampler
 
 _UINT_UNAVAILABLE = 0xFFFFFFFF
 _ULONGLONG_UNAVAILABLE = 0xFFFFFFFFFFFFFFFF
+# NVML_VALUE_NOT_AVAILABLE (nvml.h): the same all-ones bits, read as a signed number.
+_SIGNED_UNAVAILABLE = -1
 
 CLOCK_TYPES = {
     "graphics": pynvml.NVML_CLOCK_GRAPHICS,
@@ -102,22 +104,36 @@ class ProcessUtilization:
 
 @dataclass(frozen=True)
 class MigDevice:
-    """One MIG instance: its GPU instance id, profile (e.g. 1g.10gb) and handle."""
+    """One MIG device, which is one compute instance of a GPU instance, and its handle.
+
+    ``profile`` is the device's as NVML names it: ``1c.3g.71gb`` for a compute instance of 1 of
+    its GPU instance's 3 compute slices, ``3g.71gb`` for a whole one. The compute instances of a
+    GPU instance share its memory and its GPM readings.
+    """
 
     gpu_instance: int
     profile: str
     device: Device
+    compute_instance: int = 0
+    multiprocessors: int | None = None  # its SMs; None where NVML does not say
+
+    @property
+    def gpu_instance_profile(self) -> str:
+        """The GPU instance's profile: ``3g.71gb`` for ``1c.3g.71gb``."""
+        return _COMPUTE_SLICES_PREFIX.sub("", self.profile)
 
 
 _SAMPLE_TYPES = {
     "gpu": pynvml.NVML_GPU_UTILIZATION_SAMPLES,
     "memory": pynvml.NVML_MEMORY_UTILIZATION_SAMPLES,
 }
-_MIG_PROFILE = re.compile(r"(\d+g\.\d+gb(?:\+\w+)?)\s*$")
+# NVML names a MIG device "<GPU name> MIG <profile>": 1g.10gb, 1c.3g.71gb, 1g.18gb+me, and in
+# R575+ 1g.24gb-me or 1g.24gb+me.all (nvidia-smi -L and the MIG user guide's profile tables).
+_MIG_PROFILE = re.compile(r"\bMIG\s+(\S+)\s*$")
+_COMPUTE_SLICES_PREFIX = re.compile(r"^\d+c\.")
 
 
 def _mig_profile(name: str) -> str:
-    # NVML names a MIG device "<GPU name> MIG 1g.10gb".
     match = _MIG_PROFILE.search(name)
     return match.group(1) if match else ""
 
@@ -525,7 +541,7 @@ class Device:
         return current == pynvml.NVML_DEVICE_MIG_ENABLE
 
     def mig_devices(self) -> list[MigDevice]:
-        """The MIG devices present, skipping empty slots."""
+        """The MIG devices present (one per compute instance), skipping empty slots."""
         with translated():
             slots = pynvml.nvmlDeviceGetMaxMigDeviceCount(self._handle)
         found = []
@@ -534,12 +550,21 @@ class Device:
                 with translated():
                     handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(self._handle, slot)
                     instance = int(pynvml.nvmlDeviceGetGpuInstanceId(handle))
+                    compute = int(pynvml.nvmlDeviceGetComputeInstanceId(handle))
                     name = _text(pynvml.nvmlDeviceGetName(handle))
             except NvmlError as error:
                 if error.code in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT):
                     continue
                 raise
-            found.append(MigDevice(instance, _mig_profile(name), Device(self.index, handle)))
+            found.append(
+                MigDevice(
+                    instance,
+                    _mig_profile(name),
+                    Device(self.index, handle),
+                    compute,
+                    _multiprocessors(handle),
+                )
+            )
         return found
 
     def gpm_supported(self) -> bool:
@@ -553,6 +578,15 @@ class Device:
     def gpm_sampler(self, gpu_instance: int | None = None) -> GpmSampler:
         """A GPM sampler for this GPU, or for one of its MIG GPU instances."""
         return GpmSampler(self._handle, gpu_instance)
+
+
+def _multiprocessors(mig_handle: Any) -> int | None:
+    """nvmlDeviceGetAttributes_v2: a MIG device's SMs, None where NVML does not say."""
+    try:
+        with translated():
+            return int(pynvml.nvmlDeviceGetAttributes_v2(mig_handle).multiprocessorCount)
+    except NotSupported:
+        return None
 
 
 class _ProcessInfoV1(ctypes.Structure):
@@ -668,6 +702,8 @@ def _sample_number(value: Any, value_type: int) -> float:
 
 
 def _sentinel_for(value_type: int) -> int:
-    if value_type in (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, pynvml.NVML_VALUE_TYPE_SIGNED_INT):
+    if value_type in (pynvml.NVML_VALUE_TYPE_SIGNED_INT, pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG):
+        return _SIGNED_UNAVAILABLE  # `_field_number` reads siVal / sllVal as signed
+    if value_type == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
         return _UINT_UNAVAILABLE
     return _ULONGLONG_UNAVAILABLE

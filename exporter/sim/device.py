@@ -75,7 +75,12 @@ def _reading(timeline: Timeline, seed: int, key: int, metric: str, t: float) -> 
 
 
 def _running(
-    phase: Phase, seed: int, kind: str, offset: int, instance: int = NOT_IN_MIG
+    phase: Phase,
+    seed: int,
+    kind: str,
+    offset: int,
+    instance: int = NOT_IN_MIG,
+    compute_instance: int = 0,
 ) -> list[RunningProcess]:
     """The processes of ``kind`` in ``phase``; ``offset`` keeps PIDs distinct across devices."""
     running = []
@@ -85,11 +90,9 @@ def _running(
         base = process.pid or 1000 + stable_int(seed, "pid", number, process.name) % 400000
         for k in range(process.count):
             pid = base + offset * process.count + k
-            compute_instance = NOT_IN_MIG if instance == NOT_IN_MIG else 0
+            compute = NOT_IN_MIG if instance == NOT_IN_MIG else compute_instance
             running.append(
-                RunningProcess(
-                    pid, process.name, int(process.memory), kind, instance, compute_instance
-                )
+                RunningProcess(pid, process.name, int(process.memory), kind, instance, compute)
             )
     return running
 
@@ -196,7 +199,8 @@ class SimulatedGpu:
         """(total, reserved, used, free) in bytes, ``used`` excluding the reserved part."""
         total, reserved = self.model.memory_total, self.model.memory_reserved
         if self.mig:
-            used = sum(instance.memory(t)[2] for instance in self.mig)
+            # Once per GPU instance: its compute instances share its memory.
+            used = sum(m.memory(t)[2] for m in self.mig if m.compute_instance_id == 0)
         else:
             used = int(self.value("memory_used", t))
         return total, reserved, used, total - reserved - used
@@ -329,21 +333,22 @@ def _uuid(seed: int, index: int) -> str:
 
 
 class MigDevice:
-    """One MIG instance of a GPU in MIG mode: its handle, identity and readings."""
+    """One MIG device (a compute instance) of a GPU in MIG mode: handle, identity, readings."""
 
     def __init__(self, parent: SimulatedGpu, spec: MigInstanceSpec) -> None:
         self.parent = parent
         self.spec = spec
         self.slot = spec.slot
         self.gpu_instance_id = spec.gpu_instance_id
-        self.compute_instance_id = 0
+        self.compute_instance_id = spec.compute_instance_id
         self.timeline = spec.timeline
         # MIG handles sit inside their parent's handle stride, never on a multiple of it.
         self.handle_address = parent.handle_address + 1 + spec.slot
-        self.name = f"{parent.model.name} MIG {spec.profile}"
+        self.name = f"{parent.model.name} MIG {spec.name}"
         digest = _uuid(parent.seed, 1000 + parent.index * 8 + spec.slot).removeprefix("GPU-")
         self.uuid = f"MIG-{digest}"
-        self._noise_key = 1000 * (parent.index + 1) + spec.slot
+        # The GPU instance's: its compute instances read the same memory and load.
+        self._noise_key = 1000 * (parent.index + 1) + spec.first_slot
 
     def value(self, metric: str, t: float) -> float:
         """The instance's reading of ``metric`` at ``t``."""
@@ -356,7 +361,9 @@ class MigDevice:
         """The processes of ``kind`` in this instance at ``t``."""
         phase, _ = self.timeline.locate(t)
         offset = 64 * (self.parent.index + 1) + 8 * (self.slot + 1)
-        return _running(phase, self.parent.seed, kind, offset, self.gpu_instance_id)
+        return _running(
+            phase, self.parent.seed, kind, offset, self.gpu_instance_id, self.compute_instance_id
+        )
 
     def memory(self, t: float) -> tuple[int, int, int, int]:
         """(total, reserved, used, free) of the instance's memory in bytes."""

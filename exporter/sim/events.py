@@ -11,16 +11,23 @@ started, so a pinned clock still shows past events.
 nvmlEventSetWait_v2 polls every few milliseconds without holding any lock other calls need and
 answers NVML_ERROR_TIMEOUT once ``timeout_ms`` of real time has passed with nothing to deliver,
 so a thread blocked in it returns within its timeout and can be stopped.
+
+On a GPU in MIG mode an application's XID (see `INSTANCE_XIDS`) belongs to a MIG instance: its
+event carries that instance's gpuInstanceId and computeInstanceId (nvml.h, nvmlEventData_t: "If
+MIG is enabled and nvmlEventTypeXidCriticalError event is attributable to a GPU instance ...";
+0xFFFFFFFF otherwise), and only a privileged caller receives it (`privileges`).
 """
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from exporter.sim import privileges, records
+from exporter.sim.device import MigDevice
 from exporter.sim.functions import (
     INVALID_ARGUMENT,
     NOT_SUPPORTED,
@@ -36,6 +43,9 @@ from exporter.sim.functions import (
 )
 from exporter.sim.scenario import Fault
 
+if TYPE_CHECKING:
+    from exporter.sim.library import SimulatedNvml
+
 # nvmlEventType bits
 SINGLE_BIT_ECC = 0x1
 DOUBLE_BIT_ECC = 0x2
@@ -44,6 +54,13 @@ XID_CRITICAL_ERROR = 0x8
 CLOCK = 0x10
 
 _NOT_IN_MIG = 0xFFFFFFFF
+# XIDs raised on an application's channel: the "application errors" of NVIDIA's
+# k8s-device-plugin (health.go: 13, 31, 43, 45, 68), which the kernel driver reports with the
+# channel's partition (open-gpu-kernel-modules krcErrorSendEventNotifications_KERNEL passes
+# partitionAttributionId to gpuNotifySubDeviceEvent). A scenario does not say which instance
+# ran the application: the simulator gives them to the GPU's first MIG instance. Other XIDs
+# (48, 79, 94, ...) affect the whole device.
+INSTANCE_XIDS = frozenset({13, 31, 43, 45, 68})
 _POLL_SECONDS = 0.005
 
 _SET_BASE = 0x6E7800000000
@@ -58,6 +75,10 @@ class Event:
     gpu: int
     kind: int
     data: int
+
+
+# Whether the caller receives an event (see `privileges.sees_instance_events`).
+Visible = Callable[[Event], bool]
 
 
 @dataclass
@@ -116,17 +137,21 @@ class EventSets:
             event_set.masks[gpu] = event_set.masks.get(gpu, 0) | kinds
         return True
 
-    def awaiting(self, handle: int) -> bool:
-        """Whether the set has any event of the scenario still to deliver, now or later."""
+    def awaiting(self, handle: int, visible: Visible = lambda event: True) -> bool:
+        """Whether the set has any ``visible`` event still to deliver, now or later."""
         with self._lock:
             event_set = self._sets.get(handle)
             return event_set is not None and any(
-                event_set.masks.get(event.gpu, 0) & event.kind and event not in event_set.delivered
+                event_set.masks.get(event.gpu, 0) & event.kind
+                and event not in event_set.delivered
+                and visible(event)
                 for event in self.events
             )
 
-    def take(self, handle: int, now: float) -> Event | bool | None:
-        """The set's next undelivered event at or before ``now`` (marked delivered).
+    def take(
+        self, handle: int, now: float, visible: Visible = lambda event: True
+    ) -> Event | bool | None:
+        """The set's next undelivered ``visible`` event at or before ``now`` (marked delivered).
 
         Returns None when there is none yet and False when the set does not exist.
         """
@@ -138,7 +163,7 @@ class EventSets:
                 if event.at > now:
                     break
                 wanted = event_set.masks.get(event.gpu, 0) & event.kind
-                if wanted and event not in event_set.delivered:
+                if wanted and event not in event_set.delivered and visible(event):
                     event_set.delivered.add(event)
                     return event
         return None
@@ -174,12 +199,25 @@ def _register(call: Call, kinds: Any, handle: Any) -> int:
     return SUCCESS if registered else INVALID_ARGUMENT
 
 
+def instance_of(sim: SimulatedNvml, event: Event) -> MigDevice | None:
+    """The MIG instance an event belongs to; None for one that affects the whole GPU."""
+    instances = sim.gpus[event.gpu].mig
+    if event.kind == XID_CRITICAL_ERROR and event.data in INSTANCE_XIDS and instances:
+        return instances[0]
+    return None
+
+
 @system("nvmlEventSetWait_v2")
 def _wait(call: Call, handle: Any, ref: Any, timeout_ms: Any) -> int:
     sets, sim = call.sim.event_sets, call.sim
+    privileged = privileges.sees_instance_events(sim.scenario.caller)
+
+    def visible(event: Event) -> bool:
+        return privileged or instance_of(sim, event) is None
+
     deadline = time.monotonic() + integer(timeout_ms) / 1000
     while True:
-        event = sets.take(address(handle), sim.elapsed())
+        event = sets.take(address(handle), sim.elapsed(), visible)
         if event is False:
             return INVALID_ARGUMENT
         if isinstance(event, Event):
@@ -189,15 +227,18 @@ def _wait(call: Call, handle: Any, ref: Any, timeout_ms: Any) -> int:
             return TIMEOUT
         # Polled while an event may still come (the scenario clock may be a test's); with none
         # left, the wait blocks for its whole timeout, as the driver's does, costing no CPU.
-        time.sleep(min(_POLL_SECONDS, remaining) if sets.awaiting(address(handle)) else remaining)
+        more = sets.awaiting(address(handle), visible)
+        time.sleep(min(_POLL_SECONDS, remaining) if more else remaining)
 
 
 def _write_event(call: Call, ref: Any, event: Event) -> int:
-    data = target(ref)
-    handle_type = dict(data._fields_)["device"]
-    data.device = ctypes.cast(ctypes.c_void_p(call.sim.gpus[event.gpu].handle_address), handle_type)
-    data.eventType = event.kind
-    data.eventData = event.data
-    data.gpuInstanceId = _NOT_IN_MIG
-    data.computeInstanceId = _NOT_IN_MIG
+    instance = instance_of(call.sim, event)
+    data = records.EventData(
+        device=call.sim.gpus[event.gpu].handle_address,
+        eventType=event.kind,
+        eventData=event.data,
+        gpuInstanceId=_NOT_IN_MIG if instance is None else instance.gpu_instance_id,
+        computeInstanceId=_NOT_IN_MIG if instance is None else instance.compute_instance_id,
+    )
+    records.write(ref, data)
     return SUCCESS

@@ -4,8 +4,10 @@ Each handler receives a :class:`Call` (the simulated library, the GPU the call i
 scenario time it reads) followed by the remaining ctypes arguments exactly as pynvml passes them:
 outputs as ``byref(...)`` (a CArgObject whose ``_obj`` is the target), string buffers as
 ``c_char`` arrays, arrays of structs for the two-call size protocols. A handler writes its outputs
-and returns an ``nvmlReturn_t``. Handlers register themselves under their C names in
-:data:`FUNCTIONS`; :class:`~exporter.sim.library.SimulatedNvml` applies faults and dispatches.
+and returns an ``nvmlReturn_t``; it reads and writes structs and arrays of records in the driver's
+own layout (:mod:`~exporter.sim.records`), checking their version fields as the driver does.
+Handlers register themselves under their C names in :data:`FUNCTIONS`;
+:class:`~exporter.sim.library.SimulatedNvml` applies faults and dispatches.
 This module holds the registry and the core device and system functions; the newer families
 (GPM, NVLink, events, memory errors, MIG) register from their own modules with :func:`device`
 and :func:`system`.
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from exporter.sim import branches, privileges
+from exporter.sim import branches, privileges, records
 from exporter.sim.device import SAMPLES_PER_SECOND, MigDevice, RunningProcess, SimulatedGpu
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ NO_PERMISSION = 4
 INSUFFICIENT_SIZE = 7
 DRIVER_NOT_LOADED = 9
 TIMEOUT = 10
+FUNCTION_NOT_FOUND = 13
 GPU_IS_LOST = 15
 ARGUMENT_VERSION_MISMATCH = 25
 
@@ -146,11 +149,14 @@ class Call:
         target(ref).value = sentinel if self.sentinel else round(value)
         return SUCCESS
 
-    def put_fields(self, ref: Any, **fields: float) -> int:
-        """Write measured struct fields (or their sentinels) and return SUCCESS."""
-        struct = target(ref)
+    def put_record(self, ref: Any, record: ctypes.Structure, **fields: float) -> int:
+        """Write the driver's own record, its measured fields set (or sentinels); return SUCCESS.
+
+        The record's bytes go over the caller's struct (`records.write`), whatever its layout.
+        """
         for field, value in fields.items():
-            setattr(struct, field, ALL_ONES if self.sentinel else round(value))
+            setattr(record, field, ALL_ONES if self.sentinel else round(value))
+        records.write(ref, record)
         return SUCCESS
 
 
@@ -358,15 +364,21 @@ def _compute_capability(call: Call, major: Any, minor: Any) -> int:
 
 @device("nvmlDeviceGetPciInfo_v3", "nvmlDeviceGetPciInfo_v2")
 def _pci_info(call: Call, ref: Any) -> int:
-    # The v3 struct has busIdLegacy and busId; the v2 layout only busId (16 bytes).
-    info, gpu = target(ref), call.device
+    # _v3 writes busIdLegacy and the 32-byte busId; _v2 the older layout, busId only (16 bytes).
+    gpu = call.device
     short_id = f"{gpu.pci_domain:04X}:{gpu.pci_bus:02X}:{gpu.pci_device:02X}.0".encode()
-    info.busId = gpu.pci_bus_id.encode() if hasattr(info, "busIdLegacy") else short_id
-    if hasattr(info, "busIdLegacy"):
-        info.busIdLegacy = short_id
-    info.domain, info.bus, info.device = gpu.pci_domain, gpu.pci_bus, gpu.pci_device
-    info.pciDeviceId = gpu.model.pci_device_id
-    info.pciSubSystemId = gpu.model.pci_subsystem_id
+    identity = {
+        "domain": gpu.pci_domain,
+        "bus": gpu.pci_bus,
+        "device": gpu.pci_device,
+        "pciDeviceId": gpu.model.pci_device_id,
+        "pciSubSystemId": gpu.model.pci_subsystem_id,
+    }
+    if call.name.endswith("_v2"):
+        records.write(ref, records.PciInfoV2(busId=short_id, **identity))
+    else:
+        info = records.PciInfo(busIdLegacy=short_id, busId=gpu.pci_bus_id.encode(), **identity)
+        records.write(ref, info)
     return SUCCESS
 
 
@@ -379,8 +391,9 @@ def _utilization(call: Call, ref: Any) -> int:
     if call.device.mig:
         # Whole-GPU utilization does not exist in MIG mode; GPM per instance replaces it.
         return NOT_SUPPORTED
-    return call.put_fields(
+    return call.put_record(
         ref,
+        records.Utilization(),
         gpu=call.value("utilization") * 100,
         memory=call.value("memory_utilization") * 100,
     )
@@ -394,13 +407,18 @@ def _memory(call: Call) -> tuple[int, int, int, int]:
 def _memory_v1(call: Call, ref: Any) -> int:
     # Version 1 counts the reserved memory as used, which is why v2 exists.
     total, reserved, used, free = _memory(call)
-    return call.put_fields(ref, total=total, free=free, used=used + reserved)
+    return call.put_record(ref, records.Memory(), total=total, free=free, used=used + reserved)
 
 
 @device("nvmlDeviceGetMemoryInfo_v2", mig=True)
 def _memory_v2(call: Call, ref: Any) -> int:
+    request = records.read(ref, records.MemoryV2)
+    if request.version != records.MEMORY_V2:
+        # Drivers answer FUNCTION_NOT_FOUND here, not ARGUMENT_VERSION_MISMATCH: nvidia-settings
+        # issue 78 (510.39.01, version 2), dxvk-nvapi PR 198 (version 2), lupine PR 366 (0, 2026).
+        return FUNCTION_NOT_FOUND
     total, reserved, used, free = _memory(call)
-    return call.put_fields(ref, total=total, reserved=reserved, free=free, used=used)
+    return call.put_record(ref, request, total=total, reserved=reserved, free=free, used=used)
 
 
 @device("nvmlDeviceGetBAR1MemoryInfo")
@@ -408,8 +426,12 @@ def _bar1(call: Call, ref: Any) -> int:
     gpu = call.device
     processes = len(gpu.processes(call.t, "compute")) + len(gpu.processes(call.t, "graphics"))
     used = min(gpu.model.bar1_total, (2 + 4 * processes) * 2**20)
-    return call.put_fields(
-        ref, bar1Total=gpu.model.bar1_total, bar1Used=used, bar1Free=gpu.model.bar1_total - used
+    return call.put_record(
+        ref,
+        records.Bar1Memory(),
+        bar1Total=gpu.model.bar1_total,
+        bar1Used=used,
+        bar1Free=gpu.model.bar1_total - used,
     )
 
 
@@ -468,11 +490,16 @@ def _temperature_v1(call: Call, sensor: Any, ref: Any) -> int:
 
 @device("nvmlDeviceGetTemperatureV")
 def _temperature_v(call: Call, ref: Any) -> int:
-    struct = target(ref)
-    value = _temperature(call, int(struct.sensorType))
+    request = records.read(ref, records.Temperature)
+    if request.version != records.TEMPERATURE_V1:
+        # nvml.h :1330 "The provided version is invalid/unsupported"; the function's own list of
+        # answers omits it, and no report of what drivers answer instead was found.
+        return ARGUMENT_VERSION_MISMATCH
+    value = _temperature(call, request.sensorType)
     if value is None:
         return INVALID_ARGUMENT
-    struct.temperature = _ABSURD_TEMPERATURE if call.sentinel else round(value)
+    request.temperature = _ABSURD_TEMPERATURE if call.sentinel else round(value)
+    records.write(ref, request)
     return SUCCESS
 
 
@@ -626,37 +653,14 @@ def _processes(call: Call, kind: str) -> list[RunningProcess]:
     return (call.mig or call.device).processes(call.t, kind)
 
 
-class _ProcessInfoV1(ctypes.Structure):
-    """nvmlProcessInfo_v1_t: what nvmlDeviceGetComputeRunningProcesses (no suffix) writes."""
-
-    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong)]
-
-
-class _ProcessInfoV2(ctypes.Structure):
-    """nvmlProcessInfo_v2_t, 24 bytes: what _v2, and _v3 from 535.98 on, write."""
-
-    _fields_ = [
-        ("pid", ctypes.c_uint),
-        ("usedGpuMemory", ctypes.c_ulonglong),
-        ("gpuInstanceId", ctypes.c_uint),
-        ("computeInstanceId", ctypes.c_uint),
-    ]
-
-
-class _ProcessInfoEarlyR535(ctypes.Structure):
-    """The 32-byte record early R535 drivers wrote from _v3 (usedGpuCcProtectedMemory added)."""
-
-    _fields_ = [*_ProcessInfoV2._fields_, ("usedGpuCcProtectedMemory", ctypes.c_ulonglong)]
-
-
 def _process_record(call: Call) -> type[ctypes.Structure]:
     """The record this driver writes for the list function called (see `branches`)."""
     if not call.name.endswith(("_v2", "_v3")):
-        return _ProcessInfoV1
+        return records.ProcessInfoV1
     version = branches.parse(call.sim.scenario.driver.version)
     if call.name.endswith("_v3") and branches.EARLY_R535_PROCESS_RECORD.include(version):
-        return _ProcessInfoEarlyR535
-    return _ProcessInfoV2
+        return records.ProcessInfoEarlyR535
+    return records.ProcessInfoV2
 
 
 def _process_list(call: Call, kind: str, count_ref: Any, infos: Any) -> int:
@@ -668,16 +672,15 @@ def _process_list(call: Call, kind: str, count_ref: Any, infos: Any) -> int:
         # Size query: SUCCESS with 0 when there is nothing to list, as NVML answers.
         return INSUFFICIENT_SIZE if processes else SUCCESS
     # The driver writes records of its own size, whatever struct the caller declared: a caller
-    # whose struct is the wrong size reads garbage from the second record on, as on hardware
-    # (never past the end of the caller's buffer here).
-    records = (_process_record(call) * len(processes))()
-    for record, process in zip(records, processes, strict=True):
-        record.pid = process.pid
-        record.usedGpuMemory = ALL_ONES if call.sentinel else process.memory
-        if hasattr(record, "gpuInstanceId"):
-            record.gpuInstanceId = process.gpu_instance_id
-            record.computeInstanceId = process.compute_instance_id
-    ctypes.memmove(infos, records, min(ctypes.sizeof(records), ctypes.sizeof(infos)))
+    # whose struct is the wrong size reads garbage from the second record on, as on hardware.
+    rows = (_process_record(call) * len(processes))()
+    for row, process in zip(rows, processes, strict=True):
+        row.pid = process.pid
+        row.usedGpuMemory = ALL_ONES if call.sentinel else process.memory
+        if hasattr(row, "gpuInstanceId"):
+            row.gpuInstanceId = process.gpu_instance_id
+            row.computeInstanceId = process.compute_instance_id
+    records.write(infos, rows)
     return SUCCESS
 
 
@@ -743,11 +746,14 @@ def _process_loads(call: Call, last_seen: int) -> list[_ProcessLoad] | int:
     return busy or NOT_FOUND
 
 
-def _write_loads(slots: Any, loads: list[_ProcessLoad]) -> None:
-    for slot, load in zip(slots, loads, strict=False):
-        slot.pid, slot.timeStamp = load.pid, load.stamp
-        slot.smUtil, slot.memUtil = load.sm, load.memory
-        slot.encUtil, slot.decUtil = load.encoder, load.decoder
+def _load_records(record: type[ctypes.Structure], loads: list[_ProcessLoad]) -> Any:
+    """The driver's array of ``record`` (nvmlProcessUtilizationSample_t or ..Info_v1_t)."""
+    rows = (record * len(loads))()
+    for row, load in zip(rows, loads, strict=True):
+        row.pid, row.timeStamp = load.pid, load.stamp
+        row.smUtil, row.memUtil = load.sm, load.memory
+        row.encUtil, row.decUtil = load.encoder, load.decoder
+    return rows
 
 
 @device("nvmlDeviceGetProcessUtilization", feature="process_utilization")
@@ -760,29 +766,28 @@ def _process_utilization(call: Call, samples: Any, count_ref: Any, last_seen: An
     count.value = len(loads)
     if samples is None or capacity < len(loads):
         return INSUFFICIENT_SIZE
-    _write_loads(samples, loads)
+    records.write(samples, _load_records(records.ProcessUtilizationSample, loads))
     return SUCCESS
-
-
-_PROCESSES_UTILIZATION_INFO_V1 = 0x01000018
 
 
 @device("nvmlDeviceGetProcessesUtilizationInfo", feature="process_utilization")
 def _processes_utilization_info(call: Call, ref: Any) -> int:
-    info = target(ref)
-    if info.version != _PROCESSES_UTILIZATION_INFO_V1:
-        return ARGUMENT_VERSION_MISMATCH
-    loads = _process_loads(call, int(info.lastSeenTimeStamp))
+    info = records.read(ref, records.ProcessesUtilizationInfo)
+    if info.version != records.PROCESSES_UTILIZATION_INFO_V1:
+        return ARGUMENT_VERSION_MISMATCH  # nvml.h :8590 "If the version ... is invalid"
+    loads = _process_loads(call, info.lastSeenTimeStamp)
     if isinstance(loads, int):
         return loads
     capacity = info.processSamplesCount
     info.processSamplesCount = len(loads)
+    records.write(ref, info)
     if not info.procUtilArray or capacity < len(loads):
         return INSUFFICIENT_SIZE
-    _write_loads(info.procUtilArray, loads)
-    for k in range(len(loads)):
-        info.procUtilArray[k].jpgUtil = 0
-        info.procUtilArray[k].ofaUtil = 0
+    # The caller's array holds `capacity` records of the size its own struct declares for them.
+    offset = records.ProcessesUtilizationInfo.procUtilArray.offset
+    record_size = records.declared_size(ref, offset, ctypes.sizeof(records.ProcessUtilizationInfo))
+    rows = _load_records(records.ProcessUtilizationInfo, loads)
+    records.write_at(info.procUtilArray, rows, capacity * record_size)
     return SUCCESS
 
 
@@ -844,12 +849,15 @@ def _samples(
     if samples is None:
         count.value = len(fresh)
         return SUCCESS
-    # Oldest first, up to the caller's array; later calls pick up the rest.
-    fresh = fresh[: min(count.value, len(samples))]
-    for slot, (stamp, k) in zip(samples, fresh, strict=False):
-        slot.timeStamp = stamp
+    # Oldest first, up to the count the caller gives as its array's size; later calls pick up
+    # the rest.
+    fresh = fresh[: count.value]
+    rows = (records.Sample * len(fresh))()
+    for row, (stamp, k) in zip(rows, fresh, strict=True):
+        row.timeStamp = stamp
         value = gpu.value(metric, k / SAMPLES_PER_SECOND) * scale
-        slot.sampleValue.uiVal = ALL_ONES if call.sentinel else round(value)
+        row.sampleValue.uiVal = ALL_ONES if call.sentinel else round(value)
+    records.write(samples, rows)
     count.value = len(fresh)
     return SUCCESS
 
@@ -861,19 +869,30 @@ def _samples(
 _NVLINK_THROUGHPUT_FIELDS = {138: "nvlink_tx", 139: "nvlink_rx"}
 _NVLINK_LINK_COUNT = 91
 # NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY / _RECOVERY (scope = link): the same counters as
-# nvmlDeviceGetNvLinkErrorCounter's NVML_NVLINK_ERROR_DL_REPLAY (0) / _RECOVERY (1). Field 163,
-# NVML_FI_DEV_NVLINK_ERROR_DL_CRC, is left unsupported: nvml.h documents it only as "NVLink
-# CRC Error Counter", not whether it counts flit CRC, data CRC or both.
+# nvmlDeviceGetNvLinkErrorCounter's NVML_NVLINK_ERROR_DL_REPLAY (0) / _RECOVERY (1).
 _NVLINK_ERROR_FIELDS = {161: 0, 162: 1}
+# NVML_FI_DEV_NVLINK_ERROR_DL_CRC (scope = link, "NVLink CRC Error Counter"): NVML's change log
+# v520->v525 says Hopper's per-link CRC counters (DL_CRC_FLIT / DL_CRC_DATA) were "removed in
+# Hopper, replaced with" it, so on Hopper it counts what those two counted, summed. Before
+# Hopper it stays unsupported: nvml.h does not say whether it counts flit CRC, data CRC or both.
+_NVLINK_CRC_FIELD = 163
 # NVML_FI_DEV_NVLINK_GET_STATE (scope = link): NVML_FEATURE_ENABLED (1) for an active link, as
 # nvmlDeviceGetNvLinkState answers; NCCL reads it this way on Hopper.
 _NVLINK_STATE_FIELD = 165
 _NVLINK_FIELDS = {
     *_NVLINK_THROUGHPUT_FIELDS,
     *_NVLINK_ERROR_FIELDS,
+    _NVLINK_CRC_FIELD,
     _NVLINK_LINK_COUNT,
     _NVLINK_STATE_FIELD,
 }
+# NVML_DEVICE_ARCH_ADA / _HOPPER / _BLACKWELL (nvml.h).
+_ADA, _HOPPER, _BLACKWELL = 8, 9, 10
+# nvml.h on fields 161-163: "This is unsupported for Blackwell+. Please use
+# NVML_FI_DEV_NVLINK_COUNT_LINK_RECOVERY_*".
+_NOT_ON_BLACKWELL = {*_NVLINK_ERROR_FIELDS, _NVLINK_CRC_FIELD}
+# nvmlDeviceGetNvLinkErrorCounter's NVML_NVLINK_ERROR_DL_CRC_FLIT (2) and _CRC_DATA (3).
+_NVLINK_CRC_COUNTERS = (2, 3)
 
 
 def _nvlink_field(gpu: SimulatedGpu, field_id: int, link: int, t: float) -> tuple[int, float] | int:
@@ -886,13 +905,44 @@ def _nvlink_field(gpu: SimulatedGpu, field_id: int, link: int, t: float) -> tupl
         return NOT_SUPPORTED
     if field_id == _NVLINK_STATE_FIELD and gpu.lacks("nvlink_state_field"):
         return NOT_SUPPORTED
+    architecture = gpu.model.architecture
+    if field_id in _NOT_ON_BLACKWELL and architecture >= _BLACKWELL:
+        return NOT_SUPPORTED
+    if field_id == _NVLINK_CRC_FIELD and architecture < _HOPPER:
+        return NOT_SUPPORTED
     if not 0 <= link < gpu.model.nvlink_links:
         return INVALID_ARGUMENT
     if field_id == _NVLINK_STATE_FIELD:
         return _UNSIGNED_INT, int(gpu.link_up(link, t))
     if field_id in _NVLINK_ERROR_FIELDS:
         return _UNSIGNED_LONG_LONG, gpu.link_errors(link, _NVLINK_ERROR_FIELDS[field_id], t)
+    if field_id == _NVLINK_CRC_FIELD:
+        crc = sum(gpu.link_errors(link, counter, t) for counter in _NVLINK_CRC_COUNTERS)
+        return _UNSIGNED_LONG_LONG, crc
     return _UNSIGNED_LONG_LONG, gpu.link_bytes(_NVLINK_THROUGHPUT_FIELDS[field_id], link, t) / 1024
+
+
+# NVML_FI_DEV_TEMPERATURE_SHUTDOWN_TLIMIT (193), _SLOWDOWN_ (194), _MEM_MAX_ (195) and
+# _GPU_MAX_ (196): "T.Limit temperature thresholds in degree Celsius", "supported on Ada and
+# later" (nvml.h), margins to the max operating temperature, so negative past it. The recorded
+# H100 and H200 show "GPU Shutdown T.Limit Temp : -8 C" (the L40S -5 C), "GPU Slowdown T.Limit
+# Temp : -2 C", "GPU Max Operating T.Limit Temp : 0 C" and "Memory Max Operating T.Limit Temp :
+# 0 C" (N/A on the GDDR L40S) (linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt,
+# ..._h200-mig__590.48.01.txt, ..._l40s__595.80.txt). They come with NVML_VALUE_TYPE_SIGNED_INT
+# (5), which appeared in the same releases (NS 525.125.06 :528, :1762-1765). Here they follow
+# the model's thresholds; all ones in siVal is NVML_VALUE_NOT_AVAILABLE (-1, nvml.h).
+_SIGNED_INT = 5
+_TLIMIT_FIELDS = range(193, 197)
+
+
+def _tlimit(gpu: SimulatedGpu, field_id: int) -> tuple[int, float] | int:
+    """A T.Limit margin in degrees C (signed), or NOT_SUPPORTED before Ada or without HBM."""
+    model = gpu.model
+    if model.architecture < _ADA or (field_id == 195 and gpu.lacks("memory_temperature")):
+        return NOT_SUPPORTED
+    shutdown, slowdown = model.temp_shutdown, model.temp_slowdown
+    margins = {193: model.temp_gpu_max - shutdown, 194: model.temp_gpu_max - slowdown}
+    return _SIGNED_INT, margins.get(field_id, 0)
 
 
 def _field(call: Call, field_id: int, scope: int) -> tuple[int, float] | int:
@@ -902,6 +952,8 @@ def _field(call: Call, field_id: int, scope: int) -> tuple[int, float] | int:
         return INVALID_ARGUMENT  # an id past this branch's NVML_FI_MAX
     if field_id in _NVLINK_FIELDS:
         return _nvlink_field(gpu, field_id, scope, t)
+    if field_id in _TLIMIT_FIELDS:
+        return _tlimit(gpu, field_id)
     model = gpu.model
     power_limits = {
         187: model.power_min_limit,
@@ -925,6 +977,10 @@ def _field(call: Call, field_id: int, scope: int) -> tuple[int, float] | int:
     return NOT_SUPPORTED
 
 
+# The nvmlValue_t member of each value type; ctypes truncates ALL_ONES to -1 in siVal.
+_VALUE_MEMBERS = {_UNSIGNED_INT: "uiVal", _UNSIGNED_LONG_LONG: "ullVal", _SIGNED_INT: "siVal"}
+
+
 @device("nvmlDeviceGetFieldValues")
 def _field_values(call: Call, count: Any, ref: Any) -> int:
     values = target(ref)
@@ -938,6 +994,6 @@ def _field_values(call: Call, count: Any, ref: Any) -> int:
             continue
         value_type, value = field
         slot.valueType, slot.nvmlReturn = value_type, SUCCESS
-        member = "uiVal" if value_type == _UNSIGNED_INT else "ullVal"
+        member = _VALUE_MEMBERS.get(value_type, "ullVal")
         setattr(slot.value, member, ALL_ONES if call.sentinel else round(value))
     return SUCCESS

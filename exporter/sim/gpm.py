@@ -26,6 +26,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from exporter.sim import records
 from exporter.sim.device import MigDevice, SimulatedGpu
 from exporter.sim.functions import (
     ARGUMENT_VERSION_MISMATCH,
@@ -37,16 +38,13 @@ from exporter.sim.functions import (
     device,
     integer,
     system,
-    target,
     write_pointer,
 )
 
 if TYPE_CHECKING:
     from exporter.sim.library import SimulatedNvml
 
-_SUPPORT_VERSION = 1
-_METRICS_GET_VERSION = 1
-METRIC_MAX = 477  # NVML_GPM_METRIC_MAX: the size of the metrics array
+METRIC_MAX = records.GPM_METRIC_MAX  # NVML_GPM_METRIC_MAX: the size of the metrics array
 MIN_INTERVAL = 0.1  # seconds between the two samples
 
 _PERCENT = 100.0
@@ -139,10 +137,12 @@ def _free(call: Call, sample: Any) -> int:
 
 @device("nvmlGpmQueryDeviceSupport")
 def _query_support(call: Call, ref: Any) -> int:
-    support = target(ref)
-    if support.version != _SUPPORT_VERSION:
+    support = records.read(ref, records.GpmSupport)
+    if support.version != records.GPM_SUPPORT_VERSION:
+        # What drivers answer: go-nvml issue 168, fixed by PR 176 (it sent a struct version).
         return ARGUMENT_VERSION_MISMATCH
     support.isSupportedDevice = int(not call.device.lacks("gpm"))
+    records.write(ref, support)
     return SUCCESS
 
 
@@ -164,18 +164,20 @@ def _mig_sample_get(call: Call, gpu_instance_id: Any, sample: Any) -> int:
 
 def _locate_samples(sim: SimulatedNvml, args: tuple[Any, ...]) -> SimulatedGpu | int:
     """The GPU the first sample was read from, so that the GPU's faults apply to the call."""
-    reading = sim.gpm_samples.reading(address(target(args[0]).sample1))
+    reading = sim.gpm_samples.reading(records.read(args[0], records.GpmMetricsGet).sample1 or 0)
     return INVALID_ARGUMENT if reading is None else reading.gpu
 
 
 @device("nvmlGpmMetricsGet", feature="gpm", locate=_locate_samples)
 def _metrics_get(call: Call, ref: Any) -> int:
-    request = target(ref)
-    if request.version != _METRICS_GET_VERSION:
+    # The driver reads its own layout and fills only the numMetrics entries asked for, so a
+    # caller whose array has another length (another NVML_GPM_METRIC_MAX) still gets them.
+    request = records.read(ref, records.GpmMetricsGet)
+    if request.version != records.GPM_METRICS_GET_VERSION:
         return ARGUMENT_VERSION_MISMATCH
     samples = call.sim.gpm_samples
-    first = samples.reading(address(request.sample1))
-    second = samples.reading(address(request.sample2))
+    first = samples.reading(request.sample1 or 0)
+    second = samples.reading(request.sample2 or 0)
     if first is None or second is None or request.numMetrics > METRIC_MAX:
         return INVALID_ARGUMENT
     if (first.gpu, first.instance) != (second.gpu, second.instance):
@@ -201,7 +203,9 @@ def _metrics_get(call: Call, ref: Any) -> int:
             area = timeline.integral(curve, second.t) - timeline.integral(curve, first.t)
             slot.value = area / interval * scale
         slot.nvmlReturn = SUCCESS
+        # Pointers to the module's constant strings, which live as long as the driver's do.
         slot.metricInfo.shortName = short_name
         slot.metricInfo.longName = long_name
         slot.metricInfo.unit = unit
+    records.write(ref, request)
     return SUCCESS

@@ -1,17 +1,21 @@
 """Simulated NVML MIG functions: MIG mode, MIG device handles and their identity.
 
-A GPU entry with a ``mig`` list is in MIG mode for the whole scenario (mode [1, 1]); its
-instances are reachable with nvmlDeviceGetMigDeviceHandleByIndex in the order listed. As on real
-GPUs, the parent's whole-GPU utilization, utilization samples and per-process utilization answer
-NOT_SUPPORTED in MIG mode; memory and processes are the instances' (processes carry their GPU
-instance id). A MIG handle reaches only the functions registered with ``mig=True`` (name, UUID,
-memory, processes, attributes and the calls below); the others answer NOT_SUPPORTED.
+A GPU entry with a ``mig`` list is in MIG mode for the whole scenario (mode [1, 1]). Each compute
+instance of its GPU instances is one MIG device, reachable with nvmlDeviceGetMigDeviceHandleByIndex
+in (GPU instance id, compute instance id) order; the compute instances of one GPU instance answer
+the same nvmlDeviceGetGpuInstanceId and share its memory (nvml.h: "A MIG device handle is an NVML
+abstraction which maps to a MIG compute instance"). As on real GPUs, the parent's whole-GPU
+utilization, utilization samples and per-process utilization answer NOT_SUPPORTED in MIG mode;
+memory and processes are the instances' (processes carry their GPU and compute instance ids). A
+MIG handle reaches only the functions registered with ``mig=True`` (name, UUID, memory, processes,
+attributes and the calls below); the others answer NOT_SUPPORTED.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from exporter.sim import records
 from exporter.sim.functions import (
     INVALID_ARGUMENT,
     NOT_FOUND,
@@ -94,14 +98,32 @@ def _attributes(call: Call, ref: Any) -> int:
         return NOT_SUPPORTED  # NVML reports attributes of MIG devices only
     spec = call.mig.spec
     architecture = "hopper" if call.device.model.architecture >= 9 else "ampere"
-    attributes = target(ref)
-    attributes.multiprocessorCount = spec.compute_slices * _SMS_PER_SLICE[architecture]
+    attributes = records.DeviceAttributes()  # the driver's layout, whatever the caller declared
+    # The compute instance's own SMs; engines and memory are its GPU instance's, shared.
+    compute_slices = spec.compute_instance_slices or spec.compute_slices
+    attributes.multiprocessorCount = compute_slices * _SMS_PER_SLICE[architecture]
     attributes.sharedCopyEngineCount = max(1, spec.compute_slices)
-    attributes.sharedDecoderCount = spec.compute_slices // 2
+    decoders, jpegs, ofas = _media_engines(architecture, spec.profile, spec.compute_slices)
+    attributes.sharedDecoderCount = decoders
     attributes.sharedEncoderCount = 0
-    attributes.sharedJpegCount = spec.compute_slices // 7
-    attributes.sharedOfaCount = spec.compute_slices // 7
+    attributes.sharedJpegCount = jpegs
+    attributes.sharedOfaCount = ofas
     attributes.gpuInstanceSliceCount = spec.compute_slices
-    attributes.computeInstanceSliceCount = spec.compute_slices
+    attributes.computeInstanceSliceCount = compute_slices
     attributes.memorySizeMB = spec.memory_total // 2**20
+    records.write(ref, attributes)
     return SUCCESS
+
+
+def _media_engines(architecture: str, profile: str, slices: int) -> tuple[int, int, int]:
+    """(NVDEC, NVJPG, OFA) of a GPU instance: MIG user guide v580, Tables 6-8.
+
+    Hopper: one NVDEC and one NVJPG per compute slice (the recorded H200's 3g.71gb, 2g.35gb and
+    1g.18gb devices share 3, 2 and 1 of each), the OFA only in 7g and +me instances. Ampere:
+    NVDECs about every other slice, NVJPG and OFA only in 7g. A +me instance has one of each.
+    """
+    if profile.endswith("+me"):
+        return 1, 1, 1
+    if architecture == "hopper":
+        return slices, slices, slices // 7
+    return slices // 2, slices // 7, slices // 7

@@ -10,6 +10,12 @@ fields 138/139 in :mod:`~exporter.sim.functions`). Error counters grow at the GP
 161/162 (NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY / _RECOVERY, scope = link), unless the GPU lacks
 ``nvlink_error_fields`` (older drivers), and the link state is also field 165
 (NVML_FI_DEV_NVLINK_GET_STATE, scope = link) unless it lacks ``nvlink_state_field``.
+
+Hopper and newer have no per-link CRC counters: NVML's change log (v520->v525) says
+NVML_NVLINK_ERROR_DL_CRC_FLIT / _CRC_DATA were "removed in Hopper, replaced with
+NVML_FI_DEV_NVLINK_ERROR_DL_CRC". Asked for them, the counter call answers NOT_SUPPORTED (nvml.h
+lists it "if the device doesn't support this feature"; the change log does not name the code),
+and field 163 (scope = link) counts the CRC errors of both rates instead.
 """
 
 from __future__ import annotations
@@ -17,10 +23,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from exporter.sim.functions import INVALID_ARGUMENT, SUCCESS, Call, device, integer, target
-from exporter.sim.scenario import NVLINK_ERROR_COUNTERS
+from exporter.sim.functions import (
+    INVALID_ARGUMENT,
+    NOT_SUPPORTED,
+    SUCCESS,
+    Call,
+    device,
+    integer,
+    target,
+)
+from exporter.sim.scenario import ARCHITECTURES, NVLINK_ERROR_COUNTERS
 
 LinkHandler = Callable[..., int]
+
+# NVML_NVLINK_ERROR_DL_CRC_FLIT and _CRC_DATA, gone from Hopper on (see the module docstring).
+_CRC_COUNTERS = (NVLINK_ERROR_COUNTERS.index("crc_flit"), NVLINK_ERROR_COUNTERS.index("crc_data"))
+_HOPPER = ARCHITECTURES["hopper"]
 
 
 def _on_link(handler: LinkHandler) -> LinkHandler:
@@ -55,4 +73,6 @@ def _error_counter(call: Call, link: int, counter: Any, ref: Any) -> int:
     kind = integer(counter)
     if not 0 <= kind < len(NVLINK_ERROR_COUNTERS):
         return INVALID_ARGUMENT
+    if kind in _CRC_COUNTERS and call.device.model.architecture >= _HOPPER:
+        return NOT_SUPPORTED
     return call.put(ref, call.device.link_errors(link, kind, call.t))

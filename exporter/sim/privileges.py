@@ -9,6 +9,11 @@ user), or ``unprivileged-no-host-pid`` (a container without ``hostPID``). Source
   without ``--privileged``. nvml.h does not document it; this is the plausible answer to show.
 - open-gpu-kernel-modules ``_gpuConvertPid`` / ``os_find_ns_pid``: a process outside the caller's
   PID namespace is skipped, so such a caller sees empty process lists.
+- nvml.h, nvmlEventSetWait_v2: "In MIG mode, if device handle is provided, the API reports all
+  the events for the available instances, only if the caller has appropriate privileges. In
+  absence of required privileges, only the events which affect all the instances (i.e. whole
+  device) are reported." Registration itself does not fail (nvmlDeviceRegisterEvents lists no
+  NO_PERMISSION), so the events are withheld at the wait (see `events`).
 """
 
 from __future__ import annotations
@@ -41,3 +46,8 @@ def refused(caller: str, function: str, *, mig_enabled: bool, on_mig_handle: boo
 def sees_processes(caller: str) -> bool:
     """Whether the caller's PID namespace is the host's, where the GPU's processes run."""
     return caller != "unprivileged-no-host-pid"
+
+
+def sees_instance_events(caller: str) -> bool:
+    """Whether XID events attributed to a MIG instance reach ``caller`` (nvml.h, above)."""
+    return caller == "root"

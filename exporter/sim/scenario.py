@@ -37,8 +37,11 @@ Format (every key is optional unless marked required)::
         display_active: false
         nvlink_down: [3]              # links that are down for the whole scenario
         nvlink_errors_per_hour: {replay: 2, recovery: 0, crc_flit: 10, crc_data: 0, ecc_data: 0}
-        mig:                          # MIG mode with these instances (mig_capable models only)
+        mig:                          # MIG mode with these GPU instances (models with MIG only)
           - {profile: 1g.10gb, count: 7, overrides: {utilization: 0.4}}
+          - profile: 3g.40gb          # a profile of the model's table (MIG_PROFILES)
+            gpu_instance_id: 2        # default: the first free id of the profile's placements
+            compute_instances: [1c, {profile: 2c, processes: [...]}]   # default: one, whole
     phases:                           # required unless every GPU entry has its own
       - name: steady
         duration: 10m                 # seconds or a duration string (ms, s, m, h, d)
@@ -52,8 +55,14 @@ Fault kinds: ``gpu_lost`` (gpu), ``not_supported`` (calls), ``error`` (call, err
 ``at``/``until`` window; ``xid`` (gpu, code) and ``ecc_uncorrectable`` (gpu, count, remap:
 pending|failed|done, default pending) happen once, at ``at``, and their effects last.
 
-Models declare the opt-in features (:data:`OPT_IN_FEATURES`) under ``features`` and their NVLink
-under ``nvlink_links``/``nvlink_version``; a GPU entry's ``lacks`` removes any feature.
+Models declare the opt-in features (:data:`OPT_IN_FEATURES`) under ``features``, their NVLink
+under ``nvlink_links``/``nvlink_version`` and their MIG profile table under ``mig_profiles``; a GPU
+entry's ``lacks`` removes any feature.
+
+A MIG GPU instance is split into compute instances of ``<n>c`` compute slices each (together at
+most the instance's); each compute instance is one MIG device. Processes listed by a compute
+instance run in it; the GPU instance's own (its overrides' or the phases') run in its first
+compute instance when none lists any. Memory, load and GPM belong to the GPU instance.
 
 A value spec is a constant or a mapping ``{pattern: sawtooth|square|sine, min, max, period,
 duty (square), noise}``, ``{pattern: ramp, start, end, period, noise}`` or ``{value, noise}``.
@@ -74,6 +83,7 @@ from typing import Any
 
 import yaml
 
+from exporter.sim import branches
 from exporter.sim.curves import Phase, Process, Timeline, ValueSpec
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
@@ -165,27 +175,93 @@ FEATURES: dict[str, str] = {
 # `lacks` list names them). NVLink is declared by `nvlink_links` instead.
 OPT_IN_FEATURES = frozenset({"gpm", "row_remapping", "retired_pages"})
 
-# MIG profiles of the 80 GB A100 and H100: (compute slices of 7, memory slices of 8, most
-# instances). An instance gets its memory slices' share of the GPU's memory less ~2.5 % that
-# the driver keeps: a 1g.10gb instance of an A100 80GB reports 9984 MiB (9.75 GiB).
-MIG_PROFILES: dict[str, tuple[int, int, int]] = {
-    "1g.10gb": (1, 1, 7),
-    "1g.20gb": (1, 2, 4),
-    "2g.20gb": (2, 2, 3),
-    "3g.40gb": (3, 4, 2),
-    "4g.40gb": (4, 4, 1),
-    "7g.80gb": (7, 8, 1),
+
+@dataclass(frozen=True)
+class MigProfile:
+    """A GPU instance profile of a MIG-capable product, as its table in MIG_PROFILES lists it."""
+
+    compute_slices: int  # of the GPU's 7
+    memory_slices: int  # of the GPU's 8
+    most: int  # instances of this profile one GPU holds at most
+    # Memory NVML reports for an instance, in MiB; 0: its memory slices' share of the GPU's less
+    # ~2.5 % that the driver keeps (a 1g.10gb instance of an A100 80GB reports 9984 MiB).
+    memory_mib: int = 0
+
+
+# MIG user guide (v580), "Supported MIG Profiles": Table 7 (H100) and the note to Table 6 (A100
+# 80GB: "1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb"), same names and shapes.
+_MIG_80GB = {
+    "1g.10gb": MigProfile(1, 1, 7),
+    "1g.10gb+me": MigProfile(1, 1, 1),
+    "1g.20gb": MigProfile(1, 2, 4),
+    "2g.20gb": MigProfile(2, 2, 3),
+    "3g.40gb": MigProfile(3, 4, 2),
+    "4g.40gb": MigProfile(4, 4, 1),
+    "7g.80gb": MigProfile(7, 8, 1),
 }
-# GPU instance ids NVML assigns to each profile's placements, in order (nvidia-smi mig -lgi).
-_MIG_INSTANCE_IDS: dict[str, tuple[int, ...]] = {
-    "7g.80gb": (0,),
-    "4g.40gb": (1,),
-    "3g.40gb": (1, 2),
-    "2g.20gb": (3, 4, 5),
-    "1g.20gb": (3, 4, 5, 6),
-    "1g.10gb": (7, 8, 9, 10, 11, 12, 13),
+# A model's `mig_profiles` names one of these tables: the profiles its GPUs can be split into.
+MIG_PROFILES: dict[str, dict[str, MigProfile]] = {
+    "a100-h100-80gb": _MIG_80GB,
+    # Table 8 (H200). Memory as NVML reports it: 16384, 33280 and 71424 MiB for 1g.18gb, 2g.35gb
+    # and 3g.71gb on the recorded H200 (captures/linux-x86_64__nvidia-h200-mig__590.48.01.txt);
+    # 16.00, 32.50 and 140.00 GiB for 1g.18gb+me, 2g.35gb and 7g.141gb in an H200's
+    # `nvidia-smi mig -lgip`; 1g.35gb and 4g.71gb have the memory slices of 2g.35gb and 3g.71gb.
+    "h200-141gb": {
+        "1g.18gb": MigProfile(1, 1, 7, 16384),
+        "1g.18gb+me": MigProfile(1, 1, 1, 16384),
+        "1g.35gb": MigProfile(1, 2, 4, 33280),
+        "2g.35gb": MigProfile(2, 2, 3, 33280),
+        "3g.71gb": MigProfile(3, 4, 2, 71424),
+        "4g.71gb": MigProfile(4, 4, 1, 71424),
+        "7g.141gb": MigProfile(7, 8, 1, 143360),
+    },
+}
+# GPU instance ids NVML gives the placements of each (compute, memory) slice shape, in order
+# (nvidia-smi mig -lgi on A100 and H100; the recorded H200 has 3g.71gb at 2, 2g.35gb at 3 and
+# 1g.18gb at 9 and 10).
+_MIG_INSTANCE_IDS: dict[tuple[int, int], tuple[int, ...]] = {
+    (7, 8): (0,),
+    (4, 4): (1,),
+    (3, 4): (1, 2),
+    (2, 2): (3, 4, 5),
+    (1, 2): (3, 4, 5, 6),
+    (1, 1): (7, 8, 9, 10, 11, 12, 13),
 }
 _MIG_MEMORY_SHARE = 0.975
+# Compute slices of the compute instance profiles (nvml.h NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE
+# ... _8_SLICE: 1, 2, 3, 4, 6, 7 and 8); a scenario names them `1c`, `2c`, ...
+_COMPUTE_INSTANCE_SLICES = (1, 2, 3, 4, 6, 7, 8)
+
+# Profile variants that came with a driver release: the NVML_GPU_INSTANCE_PROFILE_* constant
+# behind them first appears in nvidia-settings' src/nvml.h (NS) at that release's tag.
+_MEDIA_EXTENSIONS = branches.Releases(
+    (((470, 42, 1), None),),
+    "+me: NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1, NS 470.42.01 :7321 (MIG user guide: "
+    "'only available starting with R470 drivers')",
+)
+_MEDIA_CHOICE = branches.Releases(
+    (((570, 169), None),),
+    "-me, +me.all: NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME / _ALL_ME, NS 570.169 :10882/:10888 "
+    "and every R575 from 575.51.02 :11470/:11476; absent in 570.153.02",
+)
+_MIG_SUFFIX_RELEASES = {"+me": _MEDIA_EXTENSIONS, "-me": _MEDIA_CHOICE, "+me.all": _MEDIA_CHOICE}
+# One compute slice with two memory slices (1g.20gb, 1g.35gb).
+_TWICE_THE_MEMORY = branches.Releases(
+    (((525, 53), None),),
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, NS 525.53 :8252; absent in 520.56.06",
+)
+_MIG_SUFFIX = re.compile(r"^\d+g\.\d+gb(.*)$")
+
+
+def mig_profile_releases(name: str, profile: MigProfile) -> branches.Releases | None:
+    """The driver releases that have MIG profile ``name``; None: every release simulated."""
+    suffix = _MIG_SUFFIX.sub(r"\1", name)
+    if suffix in _MIG_SUFFIX_RELEASES:
+        return _MIG_SUFFIX_RELEASES[suffix]
+    if (profile.compute_slices, profile.memory_slices) == (1, 2):
+        return _TWICE_THE_MEMORY
+    return None
+
 
 NVLINK_ERROR_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data", "ecc_data")
 
@@ -292,7 +368,6 @@ class GpuModel:
     temp_gpu_max: int
     temp_memory_max: int
     fans: int
-    mig_capable: bool
     pci_device_id: int
     pci_subsystem_id: int
     vbios: str
@@ -300,19 +375,45 @@ class GpuModel:
     features: frozenset[str] = frozenset()
     nvlink_links: int = 0
     nvlink_version: int = 0
+    mig_profiles: str = ""  # its table in MIG_PROFILES; empty: no MIG
+
+    @property
+    def mig_capable(self) -> bool:
+        """Whether the product can be partitioned with MIG."""
+        return bool(self.mig_profiles)
 
 
 @dataclass(frozen=True)
 class MigInstanceSpec:
-    """One MIG GPU instance (with one compute instance) of a GPU in MIG mode."""
+    """One MIG device: a compute instance of a GPU instance of a GPU in MIG mode.
+
+    "A MIG device handle is an NVML abstraction which maps to a MIG compute instance" (nvml.h,
+    nvmlDeviceIsMigDeviceHandle). The compute instances of one GPU instance share its memory, its
+    load and its GPM readings; each lists its own processes.
+    """
 
     slot: int  # index for nvmlDeviceGetMigDeviceHandleByIndex
-    profile: str
+    profile: str  # the GPU instance's, e.g. 3g.71gb
     gpu_instance_id: int
-    compute_slices: int
+    compute_slices: int  # the GPU instance's
     memory_slices: int
     memory_total: int
-    timeline: Timeline
+    timeline: Timeline  # the GPU instance's readings, with this compute instance's processes
+    compute_instance_id: int = 0
+    compute_instance_slices: int = 0  # 0: the whole GPU instance
+    first_slot: int = 0  # the slot of its GPU instance's first compute instance
+
+    @property
+    def name(self) -> str:
+        """The MIG device's profile as NVML names it, e.g. ``1c.3g.71gb`` or ``3g.71gb``.
+
+        ``<n>c.`` precedes the GPU instance's profile when the compute instance has fewer slices
+        than it (``nvidia-smi -L`` on captures/linux-x86_64__nvidia-h200-mig__590.48.01.txt).
+        """
+        slices = self.compute_instance_slices
+        if not slices or slices == self.compute_slices:
+            return self.profile
+        return f"{slices}c.{self.profile}"
 
 
 @dataclass(frozen=True)
@@ -689,7 +790,6 @@ _MODEL_FIELDS: dict[str, Callable[[object, str], Any]] = {
     "temp_gpu_max": lambda v, p: _integer(v, p, 0, 150),
     "temp_memory_max": lambda v, p: _integer(v, p, 0, 150),
     "fans": lambda v, p: _integer(v, p, 0, 8),
-    "mig_capable": _boolean,
     "pci_device_id": lambda v, p: _integer(v, p, 0, 0xFFFFFFFF),
     "pci_subsystem_id": lambda v, p: _integer(v, p, 0, 0xFFFFFFFF),
     "vbios": _string,
@@ -697,8 +797,9 @@ _MODEL_FIELDS: dict[str, Callable[[object, str], Any]] = {
     "features": _opt_in_features,
     "nvlink_links": lambda v, p: _integer(v, p, 0, 18),
     "nvlink_version": lambda v, p: _integer(v, p, 0, 8),
+    "mig_profiles": lambda v, p: _choice(v, p, MIG_PROFILES),
 }
-_OPTIONAL_MODEL_FIELDS = {"lacks", "features", "nvlink_links", "nvlink_version"}
+_OPTIONAL_MODEL_FIELDS = {"lacks", "features", "nvlink_links", "nvlink_version", "mig_profiles"}
 
 
 def _compute_capability(value: object, path: str) -> tuple[int, int]:
@@ -852,7 +953,7 @@ def _pci_bus_id(value: object, path: str) -> str:
 
 
 def _gpu_entries(
-    value: object, node_phases: tuple[Phase, ...] | None, loop: bool
+    value: object, node_phases: tuple[Phase, ...] | None, loop: bool, driver: DriverSpec
 ) -> tuple[GpuSpec, ...]:
     models = gpu_models()
     gpus: list[GpuSpec] = []
@@ -881,7 +982,8 @@ def _gpu_entries(
         identity = _identity(entry, where)
         identity.update(_nvlink_options(entry, where, model))
         if "mig" in entry:
-            identity["mig"] = _mig(entry["mig"], f"{where}.mig", model, phases, overrides, loop)
+            layout = _MigLayout(model, phases, overrides, loop, driver.version)
+            identity["mig"] = layout.parse(entry["mig"], f"{where}.mig")
         for _ in range(count):
             index = len(gpus)
             bus = _DEFAULT_BUSES[index] if index < len(_DEFAULT_BUSES) else 0xE0 + index
@@ -919,59 +1021,180 @@ def _nvlink_options(entry: Mapping[str, Any], where: str, model: GpuModel) -> di
     return fields
 
 
-def _mig(
-    value: object,
-    path: str,
-    model: GpuModel,
-    phases: tuple[Phase, ...],
-    gpu_overrides: Mapping[str, Any],
-    loop: bool,
-) -> tuple[MigInstanceSpec, ...]:
-    """Parse a GPU's MIG layout: entries ``{profile, count, overrides}`` in slot order."""
-    if not model.mig_capable:
-        raise _fail(path, f"{model.name} does not support MIG")
-    instances: list[MigInstanceSpec] = []
-    used_ids: set[int] = set()
-    compute = memory = 0
-    for i, entry in enumerate(_list(value, path)):
-        where = f"{path}[{i}]"
-        _mapping(entry, where, {"profile", "count", "overrides"}, {"profile"})
-        profile = _choice(entry["profile"], f"{where}.profile", MIG_PROFILES)
-        compute_slices, memory_slices, most = MIG_PROFILES[profile]
-        count = _integer(entry.get("count", 1), f"{where}.count", 1, most)
-        overrides = dict(gpu_overrides)
+_MIG_KEYS = {"profile", "count", "overrides", "gpu_instance_id", "compute_instances"}
+
+
+def _shape(profile: MigProfile) -> tuple[int, int]:
+    return profile.compute_slices, profile.memory_slices
+
+
+def _compute_instances(
+    entry: Mapping[str, Any], where: str, name: str, profile: MigProfile
+) -> list[tuple[int, tuple[Process, ...] | None]]:
+    """A GPU instance's compute instances: (compute slices, the processes it lists or None)."""
+    whole = profile.compute_slices
+    if "compute_instances" not in entry:
+        return [(whole, None)]
+    path = f"{where}.compute_instances"
+    choices = [f"{n}c" for n in _COMPUTE_INSTANCE_SLICES if n <= whole]
+    layout: list[tuple[int, tuple[Process, ...] | None]] = []
+    for k, item in enumerate(_list(entry["compute_instances"], path)):
+        at = f"{path}[{k}]"
+        processes = None
+        if isinstance(item, dict):
+            _mapping(item, at, {"profile", "processes"}, {"profile"})
+            if "processes" in item:
+                processes = _processes(item["processes"], f"{at}.processes")
+            at, item = f"{at}.profile", item["profile"]
+        layout.append((int(_choice(item, at, choices)[:-1]), processes))
+    if not layout:
+        raise _fail(path, "expected at least one compute instance")
+    needed = sum(slices for slices, _ in layout)
+    if needed > whole:
+        raise _fail(path, f"the compute instances need {needed} compute slices; {name} has {whole}")
+    return layout
+
+
+@dataclass(frozen=True)
+class _MigLayout:
+    """Parses one GPU's ``mig`` list into its MIG devices, one per compute instance."""
+
+    model: GpuModel
+    phases: tuple[Phase, ...]
+    gpu_overrides: Mapping[str, Any]
+    loop: bool
+    driver_version: str
+
+    def parse(self, value: object, path: str) -> tuple[MigInstanceSpec, ...]:
+        """GPU instance entries ``{profile, count, overrides, gpu_instance_id, compute_instances}``.
+
+        MIG devices are numbered in (GPU instance id, compute instance id) order, as the recorded
+        H200 lists them (captures/linux-x86_64__nvidia-h200-mig__590.48.01.txt, ``nvidia-smi -L``
+        and ``-q``); compute instance ids count from 0 in the order listed, as there.
+        """
+        model = self.model
+        if not model.mig_capable:
+            raise _fail(path, f"{model.name} does not support MIG")
+        entries = _list(value, path)
+        # Ids named explicitly are set aside before any is given out.
+        reserved = {
+            entry["gpu_instance_id"]
+            for entry in entries
+            if isinstance(entry, dict) and isinstance(entry.get("gpu_instance_id"), int)
+        }
+        taken: set[int] = set()
+        devices: list[MigInstanceSpec] = []
+        compute = memory = 0
+        for i, entry in enumerate(entries):
+            where = f"{path}[{i}]"
+            _mapping(entry, where, _MIG_KEYS, {"profile"})
+            name, profile = self._profile(entry["profile"], f"{where}.profile")
+            count = _integer(entry.get("count", 1), f"{where}.count", 1, profile.most)
+            named = self._named_id(entry, where, name, profile, count)
+            if named in taken:
+                raise _fail(
+                    f"{where}.gpu_instance_id", f"GPU instance id {named} is already in use"
+                )
+            for _ in range(count):
+                compute += profile.compute_slices
+                memory += profile.memory_slices
+                if compute > 7 or memory > 8:
+                    raise _fail(
+                        where, "the instances need more than the GPU's 7 compute / 8 memory slices"
+                    )
+                instance_id = named
+                if instance_id is None:
+                    used = reserved | taken
+                    free = [n for n in _MIG_INSTANCE_IDS[_shape(profile)] if n not in used]
+                    instance_id = free[0] if free else max(used) + 1
+                taken.add(instance_id)
+                devices.extend(self._gpu_instance(entry, where, name, profile, instance_id))
+        if not devices:
+            raise _fail(path, "expected at least one instance")
+        devices.sort(key=lambda d: (d.gpu_instance_id, d.compute_instance_id))
+        first: dict[int, int] = {}
+        return tuple(
+            replace(d, slot=slot, first_slot=first.setdefault(d.gpu_instance_id, slot))
+            for slot, d in enumerate(devices)
+        )
+
+    def _profile(self, value: object, path: str) -> tuple[str, MigProfile]:
+        profiles = MIG_PROFILES[self.model.mig_profiles]
+        if not isinstance(value, str) or value not in profiles:
+            raise _fail(
+                path,
+                f"expected one of {', '.join(profiles)} (the MIG profiles of {self.model.name})",
+            )
+        releases = mig_profile_releases(value, profiles[value])
+        if releases is not None and not releases.include(branches.parse(self.driver_version)):
+            since = releases.spans[0][0]
+            # Written as NVIDIA writes releases: 470.42.01, 570.169.
+            first = ".".join([*map(str, since[:2]), *(f"{n:02d}" for n in since[2:])])
+            raise _fail(
+                path, f"{value} needs driver {first} or later; the driver is {self.driver_version}"
+            )
+        return value, profiles[value]
+
+    def _named_id(
+        self, entry: Mapping[str, Any], where: str, name: str, profile: MigProfile, count: int
+    ) -> int | None:
+        if "gpu_instance_id" not in entry:
+            return None
+        path = f"{where}.gpu_instance_id"
+        if count != 1:
+            raise _fail(path, "only allowed on an entry with count 1")
+        ids = _MIG_INSTANCE_IDS[_shape(profile)]
+        value = entry["gpu_instance_id"]
+        if not isinstance(value, int) or isinstance(value, bool) or value not in ids:
+            raise _fail(path, f"expected one of {', '.join(map(str, ids))} (the ids of {name})")
+        return value
+
+    def _gpu_instance(
+        self, entry: Mapping[str, Any], where: str, name: str, profile: MigProfile, instance_id: int
+    ) -> list[MigInstanceSpec]:
+        """The MIG devices of one GPU instance: one per compute instance."""
+        model = self.model
+        overrides = dict(self.gpu_overrides)
         if "overrides" in entry:
             raw = _mapping(entry["overrides"], f"{where}.overrides", _PHASE_BODY_KEYS)
             overrides.update(_phase_body(raw, f"{where}.overrides"))
-        share = memory_slices * model.memory_total / 8 * _MIG_MEMORY_SHARE
-        memory_total = int(share // 2**20) * 2**20
+        if profile.memory_mib:
+            memory_total = profile.memory_mib * 2**20
+        else:
+            share = profile.memory_slices * model.memory_total / 8 * _MIG_MEMORY_SHARE
+            memory_total = int(share // 2**20) * 2**20
         # Fractions of memory in the instance's processes and specs are of its own memory.
         instance_model = replace(model, memory_total=memory_total, memory_reserved=0)
-        timeline = Timeline([_resolve_phase(p, overrides, instance_model) for p in phases], loop)
-        for _ in range(count):
-            compute += compute_slices
-            memory += memory_slices
-            if compute > 7 or memory > 8:
-                raise _fail(
-                    where, "the instances need more than the GPU's 7 compute / 8 memory slices"
-                )
-            free = [n for n in _MIG_INSTANCE_IDS[profile] if n not in used_ids]
-            instance_id = free[0] if free else max(used_ids) + 1
-            used_ids.add(instance_id)
-            instances.append(
-                MigInstanceSpec(
-                    slot=len(instances),
-                    profile=profile,
-                    gpu_instance_id=instance_id,
-                    compute_slices=compute_slices,
-                    memory_slices=memory_slices,
-                    memory_total=memory_total,
-                    timeline=timeline,
-                )
+        layout = _compute_instances(entry, where, name, profile)
+        listed = any(processes is not None for _, processes in layout)
+        timelines: list[list[Phase]] = [[] for _ in layout]  # [compute instance][phase]
+        for phase in self.phases:
+            # Each compute instance's processes: those it lists or, when none lists any, the GPU
+            # instance's own in its first one.
+            own = overrides.get("processes", phase.processes)
+            shares = [processes or () for _, processes in layout] if listed else [own]
+            everyone = tuple(p for share in shares for p in share)
+            # Resolved together, so that the memory they hold is the GPU instance's.
+            body = _resolve_phase(phase, {**overrides, "processes": everyone}, instance_model)
+            start = 0
+            for k in range(len(layout)):
+                size = len(shares[k]) if k < len(shares) else 0
+                timelines[k].append(replace(body, processes=body.processes[start : start + size]))
+                start += size
+        return [
+            MigInstanceSpec(
+                slot=0,  # numbered once the GPU's whole layout is known
+                profile=name,
+                gpu_instance_id=instance_id,
+                compute_slices=profile.compute_slices,
+                memory_slices=profile.memory_slices,
+                memory_total=memory_total,
+                timeline=Timeline(timelines[k], self.loop),
+                compute_instance_id=k,
+                compute_instance_slices=slices,
             )
-    if not instances:
-        raise _fail(path, "expected at least one instance")
-    return tuple(instances)
+            for k, (slices, _) in enumerate(layout)
+        ]
 
 
 def _identity(entry: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -1145,13 +1368,14 @@ def parse_scenario(document: object, default_name: str = "scenario") -> Scenario
     entry = _mapping(document, "", _TOP_KEYS, {"driver", "gpus"})
     loop = _boolean(entry.get("loop", True), "loop")
     phases = _phases(entry["phases"], "phases") if "phases" in entry else None
-    gpus = _gpu_entries(entry["gpus"], phases, loop)
+    driver = _driver(entry["driver"])  # first: which MIG profiles exist depends on it
+    gpus = _gpu_entries(entry["gpus"], phases, loop, driver)
     return Scenario(
         name=_string(entry.get("name", default_name), "name"),
         description=_string(entry.get("description", default_name), "description"),
         seed=_integer(entry.get("seed", 0), "seed", 0, 2**63 - 1),
         loop=loop,
-        driver=_driver(entry["driver"]),
+        driver=driver,
         gpus=gpus,
         faults=_faults(entry.get("faults", []), gpus),
         caller=_caller(entry.get("caller", "root")),

@@ -291,14 +291,17 @@ def test_nvlink_traffic_is_split_across_active_links_and_down_links_stop(
 def test_nvlink_error_counters_grow_at_their_rates(clock: ManualClock) -> None:
     install("h100-nvlink", clock=clock)
     pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(5)  # crc_flit: 30 per hour
-    crc = pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT
+    handle = pynvml.nvmlDeviceGetHandleByIndex(5)  # replay: 6 per hour
+    replay = pynvml.NVML_NVLINK_ERROR_DL_REPLAY
     clock.at(0)
-    start = pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, 0, crc)
+    start = pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, 0, replay)
     clock.at(3600)
-    assert pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, 0, crc) - start == 30
+    assert pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, 0, replay) - start == 6
     quiet = pynvml.nvmlDeviceGetHandleByIndex(0)
-    assert pynvml.nvmlDeviceGetNvLinkErrorCounter(quiet, 0, crc) == 0
+    assert pynvml.nvmlDeviceGetNvLinkErrorCounter(quiet, 0, replay) == 0
+    # Hopper lost the per-link CRC counters (NVML change log v520->v525).
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, 0, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT)
     with pytest.raises(pynvml.NVMLError_InvalidArgument):
         pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, 0, 5)
 
@@ -325,9 +328,10 @@ def test_nvlink_error_fields_match_the_error_counter_calls(clock: ManualClock) -
     ]
     assert [value.value.ullVal for value in values] == counters
     assert min(counters[:18]) >= 12
-    # One CRC count without the flit/data split: not simulated (see exporter/sim/functions.py).
+    # Hopper's one CRC count per link (crc_flit: 30 per hour on GPU 5, over 2 hours).
     (crc,) = pynvml.nvmlDeviceGetFieldValues(handle, [(pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC, 0)])
-    assert crc.nvmlReturn == pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert crc.nvmlReturn == pynvml.NVML_SUCCESS
+    assert 60 <= crc.value.ullVal <= 61
 
 
 def test_nvlink_state_field_matches_the_state_call(clock: ManualClock) -> None:
