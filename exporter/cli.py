@@ -51,6 +51,11 @@ _SERVE_FLAGS = {
         "pin the scenario clock at this many seconds after its epoch; retries and slow reads "
         "follow the scenario clock, so a pinned one gives the same output every run",
     ),
+    "--sim.caller": (
+        "simulate.caller",
+        "who the simulated driver believes is calling: root, unprivileged or "
+        "unprivileged-no-host-pid (default: the scenario's caller, root unless it says)",
+    ),
 }
 
 
@@ -106,6 +111,11 @@ def _sim_parser(subparsers: Any) -> None:
         type=float,
         dest="pinned_time",
         help="pin the scenario clock at this many seconds after its epoch",
+    )
+    run.add_argument(
+        "--caller",
+        choices=("root", "unprivileged", "unprivileged-no-host-pid"),
+        help="who the simulated driver believes is calling (default: the scenario's caller)",
     )
     run.add_argument("program", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
 
@@ -200,7 +210,12 @@ def _sim(args: argparse.Namespace) -> int:
         print(f"gpuload: --scenario {args.scenario}: {error}", file=sys.stderr)
         return 2
     return sim.exec_command(
-        args.scenario, command, epoch=args.epoch, seed=args.seed, pinned_time=args.pinned_time
+        args.scenario,
+        command,
+        epoch=args.epoch,
+        seed=args.seed,
+        pinned_time=args.pinned_time,
+        caller=args.caller,
     )
 
 

@@ -58,6 +58,8 @@ class SimulationConfig:
     epoch: float | None = None
     seed: int | None = None
     time: float | None = None
+    # Who the simulated driver believes is calling; None: the scenario's own `caller`.
+    caller: str | None = None
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,9 @@ _SETTINGS: dict[str, Callable[[Any], Any]] = {
     "simulate.epoch": _optional(_number),
     "simulate.seed": _optional(_integer),
     "simulate.time": _optional(_number),
+    # The simulator's callers (exporter/sim/scenario.py CALLERS), named here so that a real
+    # deployment's configuration never imports the simulator.
+    "simulate.caller": _optional(parse_choice("root", "unprivileged", "unprivileged-no-host-pid")),
 }
 
 
@@ -388,6 +393,8 @@ def _alerting(tree: Any, base: Path, environ: Mapping[str, str]) -> AlertingConf
 
 
 def _parser_like(default: Any) -> Callable[[Any], Any]:
+    if default == "auto":  # detected unless said: auto, true or false
+        return parse_choice("auto", "true", "false")
     if isinstance(default, bool):
         return parse_bool
     if isinstance(default, int):
@@ -444,5 +451,6 @@ def _build(
             epoch=get("simulate.epoch", None),
             seed=get("simulate.seed", None),
             time=get("simulate.time", None),
+            caller=get("simulate.caller", None),
         ),
     )

@@ -28,6 +28,7 @@ SCENARIOS = {
     "memory-bound": 300,
     "a100-mig": 300,
     "h100-mig": 300,
+    "h200-mig": 300,
     "legacy-v100": 300,
     "fell-off-bus": 120,
     "ecc-remap": 120,

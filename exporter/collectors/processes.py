@@ -1,7 +1,10 @@
 """Who uses the GPU: compute processes, their memory and their SM utilization.
 
 Families:
-    gpu_processes: number of compute processes (nvmlDeviceGetComputeRunningProcesses).
+    gpu_processes: number of compute processes (nvmlDeviceGetComputeRunningProcesses);
+        absent where the exporter cannot see them (below).
+    gpuload_processes_visible: 1 where the driver can list the GPU's processes to the
+        exporter, 0 where it cannot because the exporter runs outside the host's PID namespace.
     gpu_process_memory_used_bytes{pid,process}: memory of the `top` processes by memory;
         the rest summed under pid="" process="(other)" so cardinality stays bounded.
     gpu_process_sm_utilization_ratio{pid,process}: mean SM utilization of each of those
@@ -9,13 +12,19 @@ Families:
         the GPU reports it; 0 for a process the driver has no sample of (it samples only
         processes that used the GPU, and answers NOT_FOUND when none did).
 
-PIDs are in the host's PID namespace; names come from nvmlSystemGetProcessName, which
-reads them from /proc and is empty when the exporter cannot see the host's processes
-(a container without hostPID).
+The driver translates each process's PID into the caller's PID namespace and skips the
+processes that are not in it (open-gpu-kernel-modules ``_gpuConvertPid``, ``os_find_ns_pid``):
+in a container without ``hostPID`` every list is empty, whatever runs. So outside the host's
+PID namespace gpu_processes is not exported (0 would be a lie, and the alert rules then judge
+"in use" by memory held), gpuload_processes_visible says 0, and one log line says what to change.
+Names come from nvmlSystemGetProcessName.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
 from collections import defaultdict
 from collections.abc import Iterator
 from functools import partial
@@ -24,13 +33,24 @@ from exporter import nvml
 from exporter.collectors.base import Family, Reader, Sample, register
 from exporter.nvml import Device, ProcessMemory, ProcessUtilization
 
+log = logging.getLogger(__name__)
+
 OTHER = ("", "(other)")
+# The inode of the initial (host's) PID namespace: PROC_PID_INIT_INO in the kernel's
+# include/linux/proc_ns.h, fixed since Linux 3.8.
+_HOST_PID_NAMESPACE_INODE = 0xEFFFFFFC
 
 FAMILIES = (
     Family(
         "gpu_processes",
         "gauge",
         "Compute processes running on the GPU (nvmlDeviceGetComputeRunningProcesses).",
+    ),
+    Family(
+        "gpuload_processes_visible",
+        "gauge",
+        "1 where the driver lists the GPU's processes to gpuload, 0 where gpuload runs outside "
+        "the host's PID namespace and sees none (Kubernetes: hostPID: true).",
     ),
     Family(
         "gpu_process_memory_used_bytes",
@@ -51,18 +71,28 @@ FAMILIES = (
 )
 
 
-@register("processes", FAMILIES, options={"top": 8})
+@register("processes", FAMILIES, options={"top": 8, "host_pid_namespace": "auto"})
 class ProcessesCollector:
     """Compute processes per GPU, their memory and SM utilization (top N by memory)."""
 
-    def __init__(self, top: int = 8) -> None:
+    def __init__(self, top: int = 8, host_pid_namespace: str = "auto") -> None:
+        """``host_pid_namespace``: false says the driver hides the processes from gpuload.
+
+        ``gpuload serve`` turns ``auto`` into true or false at start (`resolve_host_pid_namespace`).
+        """
         self._top = top
+        self._visible = host_pid_namespace != "false"
+        if not self._visible:
+            _say_processes_are_not_visible()
         self._names: dict[int, str] = {}
         self._last_seen_us = 0
         self._sm_ratios: dict[tuple[str, str], float] = {}
 
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Yield the process count and per-process series for the largest processes."""
+        yield Sample("gpuload_processes_visible", float(self._visible))
+        if not self._visible:
+            return
         processes = read(device.compute_processes)
         if processes is None:
             return
@@ -103,6 +133,26 @@ class ProcessesCollector:
         if pid not in self._names:
             self._names[pid] = nvml.process_name(pid)
         return self._names[pid]
+
+
+def resolve_host_pid_namespace(setting: str) -> str:
+    """``true`` or ``false`` for the ``host_pid_namespace`` setting: ``auto`` asks the kernel."""
+    if setting != "auto":
+        return setting
+    try:
+        inode = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return "true"  # no /proc, or no namespaces: nothing makes the driver hide processes
+    return str(inode == _HOST_PID_NAMESPACE_INODE).lower()
+
+
+@functools.cache
+def _say_processes_are_not_visible() -> None:
+    log.warning(
+        "gpuload runs outside the host's PID namespace, where the driver lists no GPU "
+        "processes: gpu_processes and the per-process series are not exported "
+        "(Kubernetes: set hostPID: true, Helm value exporter.hostPID)"
+    )
 
 
 def _sm_ratios(

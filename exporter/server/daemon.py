@@ -8,9 +8,10 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -23,21 +24,55 @@ from exporter.server.front import FrontProcess
 from exporter.server.http import Application
 from exporter.server.status import StatusPage
 
+if TYPE_CHECKING:
+    from exporter.sim import SimulatedNvml
+
 log = logging.getLogger(__name__)
 
 
-def _install_simulator(config: Config) -> Callable[[], float]:
-    """Install the simulated NVML; returns its node's clock (scenario seconds)."""
+def _install_simulator(config: Config) -> SimulatedNvml:
+    """Install the simulated NVML; its ``elapsed`` is the node's clock (scenario seconds)."""
     # Imported here: a real deployment never loads the simulator.
     from exporter import sim
 
     settings = config.simulate
     assert settings.scenario is not None
     library = sim.install(
-        settings.scenario, epoch=settings.epoch, seed=settings.seed, pinned_time=settings.time
+        settings.scenario,
+        epoch=settings.epoch,
+        seed=settings.seed,
+        pinned_time=settings.time,
+        caller=settings.caller,
     )
-    log.info("using the simulated NVML, scenario %s (not a real GPU)", settings.scenario)
-    return library.elapsed
+    log.info(
+        "using the simulated NVML, scenario %s, caller %s (not a real GPU)",
+        settings.scenario,
+        library.scenario.caller,
+    )
+    return library
+
+
+def _collector_options(
+    config: Config, simulated_caller: str | None
+) -> Mapping[str, Mapping[str, Any]]:
+    """The collectors' options, with ``processes.host_pid_namespace: auto`` decided.
+
+    The kernel says whether gpuload runs in the host's PID namespace; on a simulated node the
+    scenario's caller says it, as the simulated driver hides the processes from the same caller.
+    """
+    from exporter.collectors.processes import resolve_host_pid_namespace
+
+    options = {name: dict(values) for name, values in config.collector_options.items()}
+    processes = options.get("processes")
+    if processes is not None and processes.get("host_pid_namespace") == "auto":
+        if simulated_caller is None:
+            decided = resolve_host_pid_namespace("auto")
+        else:
+            from exporter.sim import privileges
+
+            decided = str(privileges.sees_processes(simulated_caller)).lower()
+        processes["host_pid_namespace"] = decided
+    return options
 
 
 def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
@@ -103,11 +138,15 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     log.debug("malloc settings applied: %s", ", ".join(tuned) or "none")
     # Retries and slow reads are scheduled on the node's clock: the simulated node's when
     # simulating, so that a pinned scenario clock (--sim.time) gives the same output every run.
-    clock = _install_simulator(config) if config.simulate.scenario else time.monotonic
+    clock: Callable[[], float] = time.monotonic
+    simulated_caller = None
+    if config.simulate.scenario:
+        library = _install_simulator(config)
+        clock, simulated_caller = library.elapsed, library.scenario.caller
     collection = Collection(
         config.collectors,
         timeout=config.effective_collect_timeout,
-        options=config.collector_options,
+        options=_collector_options(config, simulated_caller),
         slow_interval=config.collect_slow_interval,
         clock=clock,
     )

@@ -21,7 +21,14 @@ from typing import Any
 import yaml
 
 import exporter
-from exporter.sim.installer import ENV_DEPENDENCIES, ENV_EPOCH, ENV_SCENARIO, ENV_SEED, ENV_TIME
+from exporter.sim.installer import (
+    ENV_CALLER,
+    ENV_DEPENDENCIES,
+    ENV_EPOCH,
+    ENV_SCENARIO,
+    ENV_SEED,
+    ENV_TIME,
+)
 from exporter.sim.scenario import SCENARIO_DIR, load_scenario, scenario_path
 
 SITE_DIR = Path(__file__).parent / "site"
@@ -36,6 +43,7 @@ def child_environment(
     epoch: float,
     seed: int | None,
     pinned_time: float | None,
+    caller: str | None = None,
 ) -> dict[str, str]:
     """Return ``environ`` extended with the path and GPULOAD_SIM_* variables the child needs."""
     env = dict(environ)
@@ -44,7 +52,7 @@ def child_environment(
     # A file path is made absolute: the child, or a process it starts, may change directory.
     env[ENV_SCENARIO] = scenario if shipped else str(path.resolve())
     env[ENV_EPOCH] = repr(float(epoch))
-    for name, value in ((ENV_SEED, seed), (ENV_TIME, pinned_time)):
+    for name, value in ((ENV_SEED, seed), (ENV_TIME, pinned_time), (ENV_CALLER, caller)):
         if value is None:
             env.pop(name, None)
         else:
@@ -65,6 +73,7 @@ def exec_command(
     epoch: float | None,
     seed: int | None,
     pinned_time: float | None,
+    caller: str | None = None,
 ) -> int:
     """Run ``argv`` with the simulated NVML active in it; return its exit code.
 
@@ -82,6 +91,7 @@ def exec_command(
         epoch=time.time() if epoch is None else epoch,
         seed=seed,
         pinned_time=pinned_time,
+        caller=caller,
     )
     child = subprocess.Popen(argv, env=env)
     previous = _forward_signals(child)

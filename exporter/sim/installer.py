@@ -7,6 +7,7 @@ process use it. pynvml also caches the functions it looked up, so both direction
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -14,12 +15,13 @@ from collections.abc import Callable, Mapping
 import pynvml
 
 from exporter.sim.library import SimulatedNvml
-from exporter.sim.scenario import Scenario, load_scenario
+from exporter.sim.scenario import CALLERS, Scenario, ScenarioError, load_scenario
 
 ENV_SCENARIO = "GPULOAD_SIM_SCENARIO"
 ENV_EPOCH = "GPULOAD_SIM_EPOCH"
 ENV_SEED = "GPULOAD_SIM_SEED"
 ENV_TIME = "GPULOAD_SIM_TIME"
+ENV_CALLER = "GPULOAD_SIM_CALLER"
 # Where the parent found PyYAML: appended to a child's path by site/sitecustomize.py.
 ENV_DEPENDENCIES = "GPULOAD_SIM_DEPENDENCIES"
 
@@ -39,6 +41,7 @@ def install(
     clock: Callable[[], float] | None = None,
     pinned_time: float | None = None,
     seed: int | None = None,
+    caller: str | None = None,
     hang: Callable[[float], object] = time.sleep,
     sleep: Callable[[float], object] = time.sleep,
 ) -> SimulatedNvml:
@@ -50,6 +53,8 @@ def install(
         clock: the time source, ``time.time`` by default; tests pass a controllable one.
         pinned_time: freeze the scenario at this many elapsed seconds.
         seed: overrides the scenario's seed (noise, UUIDs, serials, PIDs).
+        caller: overrides the scenario's ``caller`` (root, unprivileged,
+            unprivileged-no-host-pid): who the driver believes is calling.
         hang: what a call under a ``hang`` fault does with its seconds: sleeps them by default;
             a test passes one that returns when the test says so.
         sleep: what a call does with its ``driver.latency``: sleeps it by default; a test
@@ -60,6 +65,10 @@ def install(
     """
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
+    if caller is not None:
+        if caller not in CALLERS:
+            raise ScenarioError(f"caller: expected one of {', '.join(CALLERS)}, got {caller!r}")
+        scenario = dataclasses.replace(scenario, caller=caller)
     library = SimulatedNvml(
         scenario,
         epoch=epoch,
@@ -92,7 +101,8 @@ def install_from_env(environ: Mapping[str, str]) -> SimulatedNvml | None:
     """Install the simulator described by ``GPULOAD_SIM_*`` variables, if any.
 
     ``GPULOAD_SIM_SCENARIO`` (name or file) turns it on; ``GPULOAD_SIM_EPOCH`` (unix seconds),
-    ``GPULOAD_SIM_SEED`` and ``GPULOAD_SIM_TIME`` (pinned elapsed seconds) are optional.
+    ``GPULOAD_SIM_SEED``, ``GPULOAD_SIM_TIME`` (pinned elapsed seconds) and
+    ``GPULOAD_SIM_CALLER`` (root, unprivileged, unprivileged-no-host-pid) are optional.
 
     Returns:
         The installed simulator, or None when ``GPULOAD_SIM_SCENARIO`` is unset.
@@ -109,4 +119,5 @@ def install_from_env(environ: Mapping[str, str]) -> SimulatedNvml | None:
         epoch=_parse(environ, ENV_EPOCH, float),
         pinned_time=_parse(environ, ENV_TIME, float),
         seed=None if seed is None else int(seed),
+        caller=environ.get(ENV_CALLER) or None,
     )
