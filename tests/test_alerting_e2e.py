@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 import shutil
 import socket
@@ -43,11 +44,13 @@ pytestmark = pytest.mark.skipif(
 SPEEDUP = 30
 # The healthy `training` scenario saws with a 30 s period: 27 s near 96%, then a 3 s dip to 72%
 # (93.6% on average). A window that holds less than one period can read above 95%, which a 5 m
-# window never does. So the node starts a few seconds before its dip: its first scrape comes
-# before the dip (starting the process takes 1-4 s), and from the dip on every partial window
-# holds one; the few seconds before it are shorter than the shortened 10 s `for:`.
+# window never does. So Prometheus is given the node (file_sd, applied as the file changes) a few
+# seconds before a dip: its first scrape comes before the dip ends, and from the dip on every
+# partial window holds one; the seconds before it are shorter than the shortened 10 s `for:`.
+# The node is already up then, so how long a busy machine takes to start it does not matter.
+TRAINING_PERIOD = 30.0
 TRAINING_DIP_STARTS = 27.0
-TRAINING_LEAD = 6.0
+TRAINING_LEAD = 4.0
 UTILIZATION_ALERTS = {"GPUUtilizationLow", "GPUUtilizationHigh", "GPUDataLoaderStarved"}
 
 
@@ -182,7 +185,9 @@ def start_prometheus(
     targets: dict[str, str],
     alertmanager: str,
     start: Callable[..., subprocess.Popen[str]],
+    later: Path | None = None,
 ) -> str:
+    """Start Prometheus scraping `targets` now, and what `later` (a file_sd file) will list."""
     port = free_port()
     rule_files = write_rules(tmp_path / "rules")
     config = {
@@ -200,6 +205,7 @@ def start_prometheus(
                     {"targets": [address], "labels": {"scenario": scenario}}
                     for scenario, address in targets.items()
                 ],
+                **({"file_sd_configs": [{"files": [str(later)]}]} if later else {}),
             }
         ],
     }
@@ -283,25 +289,29 @@ def test_starved_and_saturated_nodes_alert_and_healthy_training_stays_quiet(
     interval = ("--collect.interval", "1s")
     starved = daemon_factory("--simulate", "data-starved", *interval)
     saturated = daemon_factory("--simulate", "saturated", *interval)
-    training_port = free_port()
-    training_address = f"127.0.0.1:{training_port}"
+    # Its scenario starts 15 s back, so that its next dip usually comes soon after the others.
+    epoch = time.time() - 15
+    training = daemon_factory("--simulate", "training", *interval, "--sim.epoch", str(epoch))
     targets = {
         "data-starved": starved.url.removeprefix("http://").rstrip("/"),
         "saturated": saturated.url.removeprefix("http://").rstrip("/"),
-        "training": training_address,
     }
+    training_address = training.url.removeprefix("http://").rstrip("/")
+    later = tmp_path / "later.json"
+    later.write_text("[]", encoding="utf-8")
     alertmanager = start_alertmanager(tmp_path, receiver, processes)
-    prometheus = start_prometheus(tmp_path, targets, alertmanager, processes)
-    # Prometheus is scraping every second already: `training` starts shortly before its dip.
-    training = daemon_factory(
-        "--simulate",
-        "training",
-        *interval,
-        "--sim.epoch",
-        str(time.time() - (TRAINING_DIP_STARTS - TRAINING_LEAD)),
-        "--web.listen-address",
-        training_address,
+    prometheus = start_prometheus(tmp_path, targets, alertmanager, processes, later=later)
+    # `training` is scraped from a few seconds before its next dip (see TRAINING_LEAD).
+    elapsed = time.time() - epoch
+    next_dip = TRAINING_DIP_STARTS + TRAINING_PERIOD * math.ceil(
+        (elapsed + TRAINING_LEAD - TRAINING_DIP_STARTS) / TRAINING_PERIOD
     )
+    time.sleep(max(0.0, next_dip - TRAINING_LEAD - (time.time() - epoch)))
+    entry = [{"targets": [training_address], "labels": {"scenario": "training"}}]
+    written = tmp_path / "later.json.new"
+    written.write_text(json.dumps(entry), encoding="utf-8")
+    written.replace(later)  # whole, as Prometheus may read it at any moment
+    targets["training"] = training_address
 
     def arrived() -> bool:
         return bool(
