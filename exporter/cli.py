@@ -97,6 +97,36 @@ def _sim_parser(subparsers: Any) -> None:
     sim = subparsers.add_parser("sim", help="the simulated NVML")
     commands = sim.add_subparsers(dest="sim_command", required=True)
     commands.add_parser("list", help="list the shipped scenarios")
+    imported = commands.add_parser(
+        "import",
+        help="make a scenario from nvidia-smi output",
+        description="Turn nvidia-smi -q -x (XML), nvidia-smi -q (text), --query-gpu CSV or a "
+        "capture bundle into a scenario that --simulate and sim exec take: every recorded "
+        "value becomes the GPU's, every N/A an unsupported function.",
+    )
+    imported.add_argument("file", help="the recording")
+    imported.add_argument(
+        "--state",
+        choices=("idle", "load"),
+        default="load",
+        help="which state of a capture bundle (default load)",
+    )
+    imported.add_argument("--gpu", type=int, help="only this GPU of the recording (by position)")
+    imported.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    imported.add_argument(
+        "--verbose", action="store_true", help="also list the fields the import did not read"
+    )
+    conformance = commands.add_parser(
+        "conformance",
+        help="compare gpuload on imported recordings with nvidia-smi's figures",
+        description="Import every recording under DIR, run gpuload serve --simulate on it and "
+        "compare /metrics with what nvidia-smi printed (docs/conformance.md). Exit 1 on any "
+        "mismatch.",
+    )
+    conformance.add_argument("directory", help="e.g. ../shared/reality")
+    conformance.add_argument(
+        "--families", action="store_true", help="also print which families were compared"
+    )
     run = commands.add_parser(
         "exec",
         help="run a program against the simulated GPUs",
@@ -118,6 +148,20 @@ def _sim_parser(subparsers: Any) -> None:
         help="who the simulated driver believes is calling (default: the scenario's caller)",
     )
     run.add_argument("program", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    record = commands.add_parser(
+        "record",
+        help="write this node's NVML answers as a scenario",
+        description="Read every NVML function gpuload uses once per GPU and write a scenario "
+        "that the simulator serves as this node: gpuload serve --simulate FILE. UUIDs, serial "
+        "numbers and process arguments are masked unless --no-mask.",
+    )
+    record.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    record.add_argument(
+        "--no-mask",
+        dest="mask",
+        action="store_false",
+        help="keep GPU UUIDs, serial numbers and full process names as read",
+    )
 
 
 def _doctor_parser(subparsers: Any) -> None:
@@ -200,6 +244,20 @@ def _sim(args: argparse.Namespace) -> int:
     if args.sim_command == "list":
         print(sim.describe_scenarios())
         return 0
+    if args.sim_command == "import":
+        from exporter.sim.importer import import_command
+
+        return import_command(args.file, args.state, args.gpu, args.output, args.verbose)
+    if args.sim_command == "conformance":
+        from pathlib import Path
+
+        from exporter.sim.conformance import run
+
+        return run(Path(args.directory), families=args.families)
+    if args.sim_command == "record":
+        from exporter.sim.recording import record_command
+
+        return record_command(args.output, mask=args.mask)
     command = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not command:
         print("gpuload sim exec: give the program to run after --", file=sys.stderr)

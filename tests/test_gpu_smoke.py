@@ -63,8 +63,8 @@ def _smoke_on_training(**environment: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.skipif(not _simulator_importable(), reason="exporter.sim cannot be imported")
-def test_gpu_smoke_passes_on_simulated_training_gpus() -> None:
-    result = _smoke_on_training(GPU_SMOKE_SECONDS="3")
+def test_gpu_smoke_passes_on_simulated_training_gpus(tmp_path: Path) -> None:
+    result = _smoke_on_training(GPU_SMOKE_SECONDS="3", GPU_SMOKE_OUTPUT=str(tmp_path))
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     installed = importlib.metadata.version("nvidia-ml-py")
@@ -82,6 +82,12 @@ def test_gpu_smoke_passes_on_simulated_training_gpus() -> None:
     assert not re.search(r"probe \S+: raised", probe), probe
     assert all(f"\n  {number}. " in probe for number in range(1, 9)), probe
     _answers_of_the_simulated_driver(probe, "training")
+    # Last, the node was recorded as a scenario, and the path printed.
+    recording = tmp_path / "recorded-node.yaml"
+    assert f"\n  recorded: {recording}\n" in probe, probe
+    from exporter.sim import load_scenario
+
+    assert len(load_scenario(recording).gpus) == 8
     assert output.rstrip().splitlines()[-1].startswith("PASS"), output
 
 
@@ -159,7 +165,9 @@ def test_gpu_smoke_says_first_that_an_older_nvidia_ml_py_is_unsupported(tmp_path
         "Metadata-Version: 2.1\nName: nvidia-ml-py\nVersion: 11.525.150\n"
     )
     path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
-    result = _smoke_on_training(GPU_SMOKE_SECONDS="1", PYTHONPATH=path)
+    result = _smoke_on_training(
+        GPU_SMOKE_SECONDS="1", PYTHONPATH=path, GPU_SMOKE_OUTPUT=str(tmp_path / "out")
+    )
     output = result.stdout + result.stderr
     declared = re.search(r'"nvidia-ml-py>=([0-9.]+)"', (ROOT / "pyproject.toml").read_text())
     assert declared is not None

@@ -85,6 +85,18 @@ class RemappedRows:
 
 
 @dataclass(frozen=True)
+class FieldAnswer:
+    """One field's answer as the driver gave it: its status and, on success, its number.
+
+    ``value`` is None when the status is not success, and when NVML answered success with
+    its all-ones "unavailable" value.
+    """
+
+    status: int
+    value: int | None
+
+
+@dataclass(frozen=True)
 class ProcessMemory:
     """A process using the GPU; `used_bytes` is None where the driver cannot tell (WDDM)."""
 
@@ -225,6 +237,12 @@ class Device:
             failed=tuple(failed),
         )
 
+    def pci_device_ids(self) -> tuple[int, int]:
+        """(PCI device id, PCI subsystem id) from nvmlDeviceGetPciInfo, e.g. 0x233010DE."""
+        with translated():
+            info = pynvml.nvmlDeviceGetPciInfo(self._handle)
+        return int(info.pciDeviceId), int(info.pciSubSystemId)
+
     def utilization(self) -> Utilization:
         """nvmlDeviceGetUtilizationRates: percent busy over the last sample period."""
         with translated():
@@ -320,6 +338,18 @@ class Device:
         with translated():
             return _checked(pynvml.nvmlDeviceGetEnforcedPowerLimit(self._handle), "power.limit")
 
+    def power_default_limit_milliwatts(self) -> int:
+        """nvmlDeviceGetPowerManagementDefaultLimit: the limit the GPU ships with."""
+        with translated():
+            value = pynvml.nvmlDeviceGetPowerManagementDefaultLimit(self._handle)
+        return _checked(value, "power.default_limit")
+
+    def power_limit_range_milliwatts(self) -> tuple[int, int]:
+        """nvmlDeviceGetPowerManagementLimitConstraints: the lowest and highest settable limit."""
+        with translated():
+            low, high = pynvml.nvmlDeviceGetPowerManagementLimitConstraints(self._handle)
+        return _checked(low, "power.min_limit"), _checked(high, "power.max_limit")
+
     def energy_millijoules(self) -> int:
         """nvmlDeviceGetTotalEnergyConsumption: energy since the driver was loaded (Volta+)."""
         with translated():
@@ -375,6 +405,24 @@ class Device:
             return _values_of([ahead[key] for key in keys])
         with translated():
             return _values_of(_get_field_values(self._handle, keys))
+
+    def field_answers(self, fields: Sequence[int | tuple[int, int]]) -> list[FieldAnswer]:
+        """Each field's status and number, in one nvmlDeviceGetFieldValues call, read now.
+
+        Unlike `field_values`, which folds every kind of absence into None, this keeps the
+        status the driver gave each field (NOT_SUPPORTED, INVALID_ARGUMENT for an id it does
+        not know, ...). The call's own failure is raised as `NvmlError`.
+        """
+        with translated():
+            results = _get_field_values(self._handle, _field_keys(fields))
+        answers = []
+        for field in results:
+            status = int(field.nvmlReturn)
+            value = _field_number(field) if status == pynvml.NVML_SUCCESS else None
+            if value == _sentinel_for(field.valueType):
+                value = None
+            answers.append(FieldAnswer(status, value))
+        return answers
 
     def read_fields_ahead(self, fields: Sequence[int | tuple[int, int]]) -> None:
         """Read `fields` in one call now, for the `field_values` calls of this cycle.
@@ -499,7 +547,19 @@ class Device:
         """
         if self._process_list is None:
             self._process_list = _process_list_function()
+        return self._processes(*self._process_list)
+
+    def graphics_processes(self) -> list[ProcessMemory]:
+        """nvmlDeviceGetGraphicsRunningProcesses: the graphics contexts (Xorg, a desktop).
+
+        The same version of the list function as `compute_processes`, with the same record.
+        """
+        if self._process_list is None:
+            self._process_list = _process_list_function()
         name, record = self._process_list
+        return self._processes(name.replace("Compute", "Graphics"), record)
+
+    def _processes(self, name: str, record: type[ctypes.Structure]) -> list[ProcessMemory]:
         with translated():
             processes = _listed(
                 name,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pynvml
 
 from exporter.nvml.device import Device, _text
-from exporter.nvml.errors import NvmlError, translated
+from exporter.nvml.errors import NvmlError, error_from_pynvml, translated
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,29 @@ def driver_info() -> DriverInfo:
         cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}",
         nvml_version=nvml,
     )
+
+
+def cuda_driver_version() -> int:
+    """The CUDA version the driver supports, as NVML gives it: 12040 for CUDA 12.4."""
+    with translated():
+        return int(pynvml.nvmlSystemGetCudaDriverVersion())
+
+
+def exported_functions(names: Iterable[str]) -> frozenset[str]:
+    """Which of the C functions ``names`` the loaded NVML library exports (after `init`).
+
+    An older driver lacks newer entry points; pynvml then answers FUNCTION_NOT_FOUND.
+    """
+    exported = set()
+    for name in names:
+        try:
+            pynvml._nvmlGetFunctionPointer(name)
+        except pynvml.NVMLError_FunctionNotFound:
+            continue
+        except pynvml.NVMLError as error:
+            raise error_from_pynvml(error) from None
+        exported.add(name)
+    return frozenset(exported)
 
 
 def process_name(pid: int) -> str:

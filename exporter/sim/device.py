@@ -82,14 +82,22 @@ def _running(
     instance: int = NOT_IN_MIG,
     compute_instance: int = 0,
 ) -> list[RunningProcess]:
-    """The processes of ``kind`` in ``phase``; ``offset`` keeps PIDs distinct across devices."""
+    """The processes of ``kind`` in ``phase``; ``offset`` keeps PIDs distinct across devices.
+
+    A process given a ``pid`` has that PID (and the next ones, for a count) on every device it
+    runs on, as one process using several GPUs has: a recorded node replays with its PIDs.
+    """
     running = []
     for number, process in enumerate(phase.processes):
         if process.kind != kind:
             continue
-        base = process.pid or 1000 + stable_int(seed, "pid", number, process.name) % 400000
+        if process.pid:
+            base = process.pid
+        else:
+            made_up = 1000 + stable_int(seed, "pid", number, process.name) % 400000
+            base = made_up + offset * process.count
         for k in range(process.count):
-            pid = base + offset * process.count + k
+            pid = base + k
             compute = NOT_IN_MIG if instance == NOT_IN_MIG else compute_instance
             running.append(
                 RunningProcess(pid, process.name, int(process.memory), kind, instance, compute)
@@ -169,6 +177,10 @@ class SimulatedGpu:
         before = self.clean(metric, 0.0) * self._driver_uptime
         return before + self.timeline.integral(metric, t)
 
+    def pcie_replays(self, t: float) -> int:
+        """The PCIe replay counter: the scenario's starting count plus its rate since."""
+        return self.spec.pcie_replays + self.counter(self.spec.pcie_replays_per_hour, t)
+
     def counter(self, per_hour: float, t: float) -> int:
         """A monotonic event counter growing at ``per_hour`` (PCIe replays, ECC errors)."""
         return math.floor(per_hour * max(0.0, t) / 3600.0)
@@ -203,6 +215,9 @@ class SimulatedGpu:
             used = sum(m.memory(t)[2] for m in self.mig if m.compute_instance_id == 0)
         else:
             used = int(self.value("memory_used", t))
+        phase, _ = self.timeline.locate(t)
+        if "memory_free" in phase.specs:
+            return total, reserved, used, int(self.value("memory_free", t))
         return total, reserved, used, total - reserved - used
 
     def loaded_at(self, t: float) -> float | None:

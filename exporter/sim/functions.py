@@ -424,8 +424,12 @@ def _memory_v2(call: Call, ref: Any) -> int:
 @device("nvmlDeviceGetBAR1MemoryInfo")
 def _bar1(call: Call, ref: Any) -> int:
     gpu = call.device
-    processes = len(gpu.processes(call.t, "compute")) + len(gpu.processes(call.t, "graphics"))
-    used = min(gpu.model.bar1_total, (2 + 4 * processes) * 2**20)
+    phase, _ = gpu.timeline.locate(call.t)
+    if "bar1_used" in phase.specs:
+        used = min(gpu.model.bar1_total, int(call.value("bar1_used")))
+    else:
+        processes = len(gpu.processes(call.t, "compute")) + len(gpu.processes(call.t, "graphics"))
+        used = min(gpu.model.bar1_total, (2 + 4 * processes) * 2**20)
     return call.put_record(
         ref,
         records.Bar1Memory(),
@@ -460,7 +464,7 @@ _scalar_device("nvmlDeviceGetNumFans", lambda g: g.model.fans)
 
 @device("nvmlDeviceGetPcieReplayCounter", feature="pcie_replay")
 def _replays(call: Call, ref: Any) -> int:
-    return call.put(ref, call.device.counter(call.device.spec.pcie_replays_per_hour, call.t))
+    return call.put(ref, call.device.pcie_replays(call.t))
 
 
 @device("nvmlDeviceGetPcieThroughput", feature="pcie_throughput")
@@ -621,14 +625,23 @@ def _fan_v2(call: Call, fan: Any, ref: Any) -> int:
 _CODEC_PERIOD_US = 167_000
 
 
+# In MIG mode the whole GPU reports no codec utilization (the engines belong to the instances):
+# the recorded H200 in MIG mode prints utilization.encoder and .decoder [N/A] in both states
+# (captures/linux-x86_64__nvidia-h200-mig__590.48.01.txt, query-gpu CSV).
+
+
 @device("nvmlDeviceGetEncoderUtilization", feature="encoder")
 def _encoder(call: Call, ref: Any, period: Any) -> int:
+    if call.device.mig:
+        return NOT_SUPPORTED
     target(period).value = _CODEC_PERIOD_US
     return call.put(ref, call.value("encoder_utilization") * 100)
 
 
 @device("nvmlDeviceGetDecoderUtilization", feature="decoder")
 def _decoder(call: Call, ref: Any, period: Any) -> int:
+    if call.device.mig:
+        return NOT_SUPPORTED
     target(period).value = _CODEC_PERIOD_US
     return call.put(ref, call.value("decoder_utilization") * 100)
 
@@ -966,7 +979,7 @@ def _field(call: Call, field_id: int, scope: int) -> tuple[int, float] | int:
     if field_id == 83 and not gpu.lacks("energy"):
         return _UNSIGNED_LONG_LONG, gpu.cumulative("power", t) * 1000
     if field_id == 94 and not gpu.lacks("pcie_replay"):
-        return _UNSIGNED_INT, gpu.counter(gpu.spec.pcie_replays_per_hour, t)
+        return _UNSIGNED_INT, gpu.pcie_replays(t)
     if field_id in (185, 186) and not gpu.lacks("power_fields"):
         return _UNSIGNED_INT, _power_mw(call, average=field_id == 185)
     if field_id in power_limits:

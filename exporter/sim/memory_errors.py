@@ -1,7 +1,8 @@
 """Simulated NVML memory error functions: ECC counters, row remapping and retired pages.
 
 ECC counters grow at the GPU's ``ecc_corrected_per_hour`` / ``ecc_uncorrected_per_hour`` rates
-and jump by the count of each ``ecc_uncorrectable`` fault from its time on. Ampere and newer
+and jump by the count of each ``ecc_uncorrectable`` fault from its time on; a GPU with
+``ecc_enabled: false`` reports ECC off and no counts. Ampere and newer
 data-centre GPUs (feature ``row_remapping``) remap the failing rows: the fault's ``remap`` decides
 whether the remap is pending (until the next GPU reset, a driver reload), done or failed. Older
 GPUs (feature ``retired_pages``) retire one page per uncorrectable error instead, pending
@@ -15,6 +16,7 @@ from typing import Any
 from exporter.sim.functions import (
     INSUFFICIENT_SIZE,
     INVALID_ARGUMENT,
+    NOT_SUPPORTED,
     SUCCESS,
     Call,
     device,
@@ -29,13 +31,18 @@ _DOUBLE_BIT = 1
 
 @device("nvmlDeviceGetEccMode", feature="ecc")
 def _ecc_mode(call: Call, current: Any, pending: Any) -> int:
-    target(current).value = 1
-    target(pending).value = 1
+    enabled = int(call.device.spec.ecc_enabled)
+    target(current).value = enabled
+    target(pending).value = enabled
     return SUCCESS
 
 
 @device("nvmlDeviceGetTotalEccErrors", feature="ecc")
 def _ecc_errors(call: Call, error_type: Any, counter_type: Any, ref: Any) -> int:
+    if not call.device.spec.ecc_enabled:
+        # ECC off: nvidia-smi reports every count N/A (nvidia-smi-xml/rtx-4000-sff-ada-v13.xml,
+        # `ECC Mode: Disabled`), so the driver answers none.
+        return NOT_SUPPORTED
     kind, counter = integer(error_type), integer(counter_type)
     if kind not in (0, 1) or counter not in (0, 1):
         return INVALID_ARGUMENT

@@ -5,7 +5,8 @@ instance of its GPU instances is one MIG device, reachable with nvmlDeviceGetMig
 in (GPU instance id, compute instance id) order; the compute instances of one GPU instance answer
 the same nvmlDeviceGetGpuInstanceId and share its memory (nvml.h: "A MIG device handle is an NVML
 abstraction which maps to a MIG compute instance"). As on real GPUs, the parent's whole-GPU
-utilization, utilization samples and per-process utilization answer NOT_SUPPORTED in MIG mode;
+utilization, utilization samples, encoder and decoder utilization and per-process utilization
+answer NOT_SUPPORTED in MIG mode;
 memory and processes are the instances' (processes carry their GPU and compute instance ids). A
 MIG handle reaches only the functions registered with ``mig=True`` (name, UUID, memory, processes,
 attributes and the calls below); the others answer NOT_SUPPORTED.

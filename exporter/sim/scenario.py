@@ -27,14 +27,17 @@ Format (every key is optional unless marked required)::
       - model: h100-sxm               # required: a key of models.yaml
         count: 8                      # entries expand to consecutive GPU indices
         lacks: [energy]               # features added to the model's list (see FEATURES)
+        has: [encoder]                # features taken off the model's list (opt-in ones added)
         overrides: {utilization: 0.5} # metric specs applied on top of every phase
         phases: [...]                 # replaces the node phases for these GPUs
         <any models.yaml key>         # e.g. power_limit: 500W
         uuid / serial / pci_bus_id    # identity overrides (only when count is 1)
         pcie_replays_per_hour / ecc_corrected_per_hour / ecc_uncorrected_per_hour
+        pcie_replays: 9               # the replay counter at elapsed 0 (default 0)
         compute_mode: default | exclusive_process | prohibited
         persistence_mode: true
         display_active: false
+        ecc_enabled: true             # ECC mode; false: GetEccMode says disabled, counts N/A
         nvlink_down: [3]              # links that are down for the whole scenario
         nvlink_errors_per_hour: {replay: 2, recovery: 0, crc_flit: 10, crc_data: 0, ecc_data: 0}
         mig:                          # MIG mode with these GPU instances (models with MIG only)
@@ -42,12 +45,14 @@ Format (every key is optional unless marked required)::
           - profile: 3g.40gb          # a profile of the model's table (MIG_PROFILES)
             gpu_instance_id: 2        # default: the first free id of the profile's placements
             compute_instances: [1c, {profile: 2c, processes: [...]}]   # default: one, whole
+            memory_total: 40192MiB    # default: the profile's share of the GPU's memory
     phases:                           # required unless every GPU entry has its own
       - name: steady
         duration: 10m                 # seconds or a duration string (ms, s, m, h, d)
         utilization: 0.9              # a value spec, see below
         clock_event_reasons: [sw_power_cap]
         processes: [{name: python train.py, memory: 60GiB, count: 1, type: compute}]
+                                      # pid: 4242 gives the first PID (default: from the seed)
     faults: [{kind: gpu_lost, gpu: 3, at: 60, until: 120}, ...]
 
 Fault kinds: ``gpu_lost`` (gpu), ``not_supported`` (calls), ``error`` (call, error), ``sentinel``
@@ -67,7 +72,8 @@ compute instance when none lists any. Memory, load and GPM belong to the GPU ins
 A value spec is a constant or a mapping ``{pattern: sawtooth|square|sine, min, max, period,
 duty (square), noise}``, ``{pattern: ramp, start, end, period, noise}`` or ``{value, noise}``.
 Units per metric are in :data:`METRICS`; metrics left out are derived from utilization (see
-:func:`_derive_defaults`).
+:func:`_derive_defaults`), except two: ``memory_free`` left out is total - reserved - used, and
+``bar1_used`` left out is 2 MiB plus 4 MiB per process.
 """
 
 from __future__ import annotations
@@ -123,6 +129,12 @@ METRICS: dict[str, str] = {
     # NVLink traffic of the whole GPU, split evenly across its active links.
     "nvlink_tx": "rate",
     "nvlink_rx": "rate",
+    # BAR1 memory in use (a fraction: of the BAR1 aperture), as nvidia-smi prints it: 1 MiB idle
+    # and 19819 MiB under load on the recorded H100, 143157 MiB on the H200 in MIG mode.
+    "bar1_used": "memory",
+    # Free frame buffer memory where it is not total - reserved - used (nvidia-smi's figures for
+    # nvidia-smi-xml/a10g.xml, quadro-p2000-v12.xml and rtx-3060-v12.xml are 2 MiB off it).
+    "memory_free": "memory",
 }
 
 _KIND_HELP = {
@@ -251,6 +263,19 @@ _TWICE_THE_MEMORY = branches.Releases(
     "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2, NS 525.53 :8252; absent in 520.56.06",
 )
 _MIG_SUFFIX = re.compile(r"^\d+g\.\d+gb(.*)$")
+
+
+def mig_instance_memory(profile: MigProfile, gpu_memory: int) -> int:
+    """The bytes NVML reports for a GPU instance of ``profile`` on a GPU of ``gpu_memory``."""
+    if profile.memory_mib:
+        return profile.memory_mib * 2**20
+    share = profile.memory_slices * gpu_memory / 8 * _MIG_MEMORY_SHARE
+    return int(share // 2**20) * 2**20
+
+
+def mig_instance_ids(profile: MigProfile) -> tuple[int, ...]:
+    """The GPU instance ids NVML gives the placements of ``profile``, in order."""
+    return _MIG_INSTANCE_IDS[(profile.compute_slices, profile.memory_slices)]
 
 
 def mig_profile_releases(name: str, profile: MigProfile) -> branches.Releases | None:
@@ -427,11 +452,15 @@ class GpuSpec:
     uuid: str | None = None
     serial: str | None = None
     pcie_replays_per_hour: float = 0.0
+    # The replay counter at elapsed 0: nvidia-smi prints it ("Replays Since Reset : 9" on the
+    # recorded H100, captures/linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt).
+    pcie_replays: int = 0
     ecc_corrected_per_hour: float = 0.0
     ecc_uncorrected_per_hour: float = 0.0
     compute_mode: int = 0
     persistence_mode: bool = True
     display_active: bool = False
+    ecc_enabled: bool = True
     nvlink_down: frozenset[int] = frozenset()
     nvlink_errors_per_hour: tuple[float, ...] = (0.0,) * len(NVLINK_ERROR_COUNTERS)
     mig: tuple[MigInstanceSpec, ...] = ()
@@ -910,7 +939,12 @@ def _resolve_phase(phase: Phase, overrides: Mapping[str, Any], model: GpuModel) 
     )
     specs = dict(phase.specs)
     specs.update({k: v for k, v in overrides.items() if k in METRICS})
-    scales = {"memory_used": float(model.memory_total), "power": model.power_limit}
+    scales = {
+        "memory_used": float(model.memory_total),
+        "memory_free": float(model.memory_total),
+        "bar1_used": float(model.bar1_total),
+        "power": model.power_limit,
+    }
     for metric, scale in scales.items():
         if metric in specs and specs[metric].unit == "fraction":
             specs[metric] = specs[metric].scaled(scale)
@@ -926,17 +960,20 @@ _GPU_KEYS = {
     "model",
     "count",
     "lacks",
+    "has",
     "overrides",
     "phases",
     "uuid",
     "serial",
     "pci_bus_id",
     "pcie_replays_per_hour",
+    "pcie_replays",
     "ecc_corrected_per_hour",
     "ecc_uncorrected_per_hour",
     "compute_mode",
     "persistence_mode",
     "display_active",
+    "ecc_enabled",
     "nvlink_down",
     "nvlink_errors_per_hour",
     "mig",
@@ -966,6 +1003,7 @@ def _gpu_entries(
         model = models[_choice(entry["model"], f"{where}.model", models)]
         fields = _model_fields(entry, where)
         fields["lacks"] = model.lacks | fields.get("lacks", frozenset())
+        fields.update(_has(entry, where, fields, model))
         model = replace(model, **fields)
         count = _integer(entry.get("count", 1), f"{where}.count", 1, 64)
         for key in ("uuid", "serial", "pci_bus_id"):
@@ -1000,6 +1038,25 @@ def _gpu_entries(
     return tuple(gpus)
 
 
+def _has(
+    entry: Mapping[str, Any], where: str, fields: Mapping[str, Any], model: GpuModel
+) -> dict[str, Any]:
+    """``has: [features]``: features the model lacks that this GPU has (a recording shows them).
+
+    They come off the ``lacks`` list; opt-in features (:data:`OPT_IN_FEATURES`) are declared. The
+    recorded H100 SXM prints encoder utilization 0 % where the h100-sxm model lacks an encoder
+    (captures/linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt, `Utilization: Encoder`).
+    """
+    if "has" not in entry:
+        return {}
+    has = _features(entry["has"], f"{where}.has")
+    both = has & _features(entry.get("lacks", []), f"{where}.lacks")
+    if both:
+        raise _fail(f"{where}.has", f"{', '.join(sorted(both))} also listed under lacks")
+    features = fields.get("features", model.features)
+    return {"lacks": fields["lacks"] - has, "features": features | (has & OPT_IN_FEATURES)}
+
+
 def _nvlink_options(entry: Mapping[str, Any], where: str, model: GpuModel) -> dict[str, Any]:
     """Parse ``nvlink_down: [links]`` and ``nvlink_errors_per_hour: {counter: rate}``."""
     fields: dict[str, Any] = {}
@@ -1021,7 +1078,14 @@ def _nvlink_options(entry: Mapping[str, Any], where: str, model: GpuModel) -> di
     return fields
 
 
-_MIG_KEYS = {"profile", "count", "overrides", "gpu_instance_id", "compute_instances"}
+_MIG_KEYS = {
+    "profile",
+    "count",
+    "overrides",
+    "gpu_instance_id",
+    "compute_instances",
+    "memory_total",
+}
 
 
 def _shape(profile: MigProfile) -> tuple[int, int]:
@@ -1158,11 +1222,10 @@ class _MigLayout:
         if "overrides" in entry:
             raw = _mapping(entry["overrides"], f"{where}.overrides", _PHASE_BODY_KEYS)
             overrides.update(_phase_body(raw, f"{where}.overrides"))
-        if profile.memory_mib:
-            memory_total = profile.memory_mib * 2**20
-        else:
-            share = profile.memory_slices * model.memory_total / 8 * _MIG_MEMORY_SHARE
-            memory_total = int(share // 2**20) * 2**20
+        memory_total = mig_instance_memory(profile, model.memory_total)
+        if "memory_total" in entry:
+            # As a recording printed it, where it differs from the profile's share.
+            memory_total = _size(entry["memory_total"], f"{where}.memory_total")
         # Fractions of memory in the instance's processes and specs are of its own memory.
         instance_model = replace(model, memory_total=memory_total, memory_reserved=0)
         layout = _compute_instances(entry, where, name, profile)
@@ -1209,13 +1272,16 @@ def _identity(entry: Mapping[str, Any], where: str) -> dict[str, Any]:
         fields["serial"] = _string(str(entry["serial"]), f"{where}.serial")
     if "pci_bus_id" in entry:
         fields["pci_bus_id"] = _pci_bus_id(entry["pci_bus_id"], f"{where}.pci_bus_id")
+    if "pcie_replays" in entry:
+        replays = _integer(entry["pcie_replays"], f"{where}.pcie_replays", 0, 2**32 - 1)
+        fields["pcie_replays"] = replays
     for key in ("pcie_replays_per_hour", "ecc_corrected_per_hour", "ecc_uncorrected_per_hour"):
         if key in entry:
             fields[key] = _number(entry[key], f"{where}.{key}", 0, 1e9)
     if "compute_mode" in entry:
         mode = _choice(entry["compute_mode"], f"{where}.compute_mode", COMPUTE_MODES)
         fields["compute_mode"] = COMPUTE_MODES[mode]
-    for key in ("persistence_mode", "display_active"):
+    for key in ("persistence_mode", "display_active", "ecc_enabled"):
         if key in entry:
             fields[key] = _boolean(entry[key], f"{where}.{key}")
     return fields

@@ -36,6 +36,11 @@ def _in_mig_mode(gpu: GpuSpec) -> bool:
     return bool(gpu.mig)
 
 
+def _lacks_or_in_mig_mode(feature: str) -> Unsupported:
+    # In MIG mode the whole GPU has no codec utilization (the recorded H200 prints N/A).
+    return lambda gpu: feature in gpu.lacks or bool(gpu.mig)
+
+
 def _lacks_samples_or_mig(gpu: GpuSpec) -> bool:
     return "samples" in gpu.lacks or bool(gpu.mig)
 
@@ -176,8 +181,16 @@ DEVICE_CALLS: list[tuple[str, Call, Unsupported]] = [
         lambda h: pynvml.nvmlDeviceGetFanSpeed_v2(h, 0),
         lambda g: g.model.fans == 0,
     ),
-    ("nvmlDeviceGetEncoderUtilization", pynvml.nvmlDeviceGetEncoderUtilization, _lacks("encoder")),
-    ("nvmlDeviceGetDecoderUtilization", pynvml.nvmlDeviceGetDecoderUtilization, _lacks("decoder")),
+    (
+        "nvmlDeviceGetEncoderUtilization",
+        pynvml.nvmlDeviceGetEncoderUtilization,
+        _lacks_or_in_mig_mode("encoder"),
+    ),
+    (
+        "nvmlDeviceGetDecoderUtilization",
+        pynvml.nvmlDeviceGetDecoderUtilization,
+        _lacks_or_in_mig_mode("decoder"),
+    ),
     ("nvmlDeviceGetPerformanceState", pynvml.nvmlDeviceGetPerformanceState, _never),
     ("nvmlDeviceGetPowerState", pynvml.nvmlDeviceGetPowerState, _never),
     ("nvmlDeviceGetPersistenceMode", pynvml.nvmlDeviceGetPersistenceMode, _never),
