@@ -11,7 +11,8 @@ moment recorded and compares the two /metrics, series by series:
 - Every value must be equal (fractions to the recording's six decimals), except in COUNTS:
   - counts since the driver was loaded or over the GPU's life (energy, NVLink bytes, ECC
     errors, PCIe replays, NVLink errors): the scenario format holds per-hour rates from its
-    start, not counts, so a recording cannot give them back;
+    start, not counts, so a recording cannot give them back (PCIe replays: the count recorded,
+    without the rate that moves the scenario's on; the test of recorded keys compares it);
   - gpuload_nvml_errors_total, the daemon's own count of failed reads: it grows each cycle
     while a fault lasts (and a recorded fault lasts for ever), so two daemons differ by how
     many cycles each ran.
@@ -308,3 +309,74 @@ def test_recording_without_a_loaded_driver_says_so(tmp_path: Path) -> None:
     result = record("faulty", tmp_path / "none.yaml", 205, code=2)
     assert "gpuload sim record: NVML could not be read:" in result.stderr
     assert not (tmp_path / "none.yaml").exists()
+
+
+# What the format once could not hold and a recording now writes as keys: ECC off, the PCIe
+# replay count, a feature the model lacks (h100-sxm has no encoder), BAR1 used, memory free off
+# total - reserved - used (on a whole GPU and on a GPU in MIG mode), a MIG instance's memory.
+MAPPED_SCENARIO = """\
+name: recorded-keys
+loop: false
+driver: {version: "550.90.07", cuda_version: 12040}
+gpus:
+  - model: h100-sxm
+    ecc_enabled: false
+    pcie_replays: 7
+    has: [encoder]
+    overrides: {memory_used: 20GiB, memory_free: 30000MiB, bar1_used: 1234MiB}
+  - model: h100-sxm
+    overrides: {memory_free: 10000MiB, bar1_used: 4321MiB}
+    mig:
+      - {profile: 3g.40gb, memory_total: 40000MiB, overrides: {memory_used: 1GiB}}
+      - {profile: 1g.10gb}
+phases: [{name: steady, duration: 1h, utilization: 0.5}]
+"""
+
+
+def test_ecc_off_replays_features_bar1_free_and_mig_memory_are_recorded_as_keys(
+    daemon_factory: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    scenario, recording = tmp_path / "keys.yaml", tmp_path / "recorded-keys.yaml"
+    scenario.write_text(MAPPED_SCENARIO)
+    record(str(scenario), recording, 300)
+    original = masked(scrape(daemon_factory, scenario, 300))
+    replayed = scrape(daemon_factory, recording, 300)
+    text = recording.read_text()
+    problems = differences(original, replayed)
+    assert not problems, "\n".join(problems) + "\n\n" + text
+
+    whole, mig = yaml.safe_load(text)["gpus"]
+    assert (whole["ecc_enabled"], whole["pcie_replays"], whole["has"]) == (False, 7, ["encoder"])
+    assert (whole["overrides"]["memory_free"], whole["overrides"]["bar1_used"]) == (
+        "30000MiB",
+        "1234MiB",
+    )
+    assert (mig["overrides"]["memory_free"], mig["overrides"]["bar1_used"]) == (
+        "10000MiB",
+        "4321MiB",
+    )
+    assert "ecc_enabled" not in mig and "pcie_replays" not in mig and "has" not in mig
+    # Each instance's memory as read: the one given, and the profile's share of the other.
+    assert [i["memory_total"] for i in mig["mig"]] == ["40000MiB", "9940MiB"]
+    # ECC off explains the counts' NOT_SUPPORTED: no fault for it.
+    assert "nvmlDeviceGetTotalEccErrors" not in text
+    assert "ECC is off" not in text and "lacks encoder" not in text and "PCIe replays" not in text
+
+    # Each mapping is seen in what the two serve (the replay counter is in COUNTS: compared here).
+    def served(name: str, gpu: str, **labels: str) -> tuple[float, float]:
+        key = (name, tuple(sorted({"gpu": gpu, "uuid": masked_uuid(int(gpu)), **labels}.items())))
+        return original[key], replayed[key]
+
+    assert served("gpu_ecc_mode_enabled", "0") == (0, 0)
+    assert served("gpu_pcie_replay_errors_total", "0") == (7, 7)
+    assert served("gpu_encoder_utilization_ratio", "0") == (0, 0)
+    assert served("gpu_bar1_memory_used_bytes", "0") == (1234 * 2**20,) * 2
+    assert served("gpu_memory_free_bytes", "0") == (30000 * 2**20,) * 2
+    assert served("gpu_bar1_memory_used_bytes", "1") == (4321 * 2**20,) * 2
+    assert served("gpu_memory_free_bytes", "1") == (10000 * 2**20,) * 2
+    totals = {
+        dict(labels)["mig_profile"]: (value, replayed[(name, labels)])
+        for (name, labels), value in original.items()
+        if name == "gpu_mig_memory_total_bytes"
+    }
+    assert totals == {"3g.40gb": (40000 * 2**20,) * 2, "1g.10gb": (9940 * 2**20,) * 2}

@@ -9,9 +9,10 @@ the value, or the error code, per argument (a clock type, a threshold kind, an N
 Which C functions the library exports is asked for every name the simulator models.
 
 Deliberately not read: the counters' history (ECC errors, PCIe replays, NVLink errors, energy
-and byte counters are noted with their values, since the scenario format holds rates, not
-counts) and XIDs from before the recording (an event set sees only what happens while it is
-registered: the recorder drains what is pending once and does not wait).
+and byte counters are kept as their values at the moment read: the scenario format holds rates,
+and a starting value for the PCIe replay counter only) and XIDs from before the recording (an
+event set sees only what happens while it is registered: the recorder drains what is pending
+once and does not wait).
 """
 
 from __future__ import annotations
@@ -98,13 +99,14 @@ class ComputeInstanceReading:
 
 @dataclass
 class GpuInstanceReading:
-    """One MIG GPU instance: its id, profile, memory used, GPM fractions, compute instances."""
+    """One MIG GPU instance: its id, profile, memory, GPM fractions, compute instances."""
 
     gpu_instance: int
     profile: str
     compute_slices: int
     compute_instances: list[ComputeInstanceReading]
     memory_used: int | None = None
+    memory_total: int | None = None
     readings: dict[str, float] = field(default_factory=dict)
 
 
@@ -250,9 +252,11 @@ class _GpuRecorder:
         if info is not None:
             self.reading.static.update(memory_total=info.total, memory_reserved=info.reserved)
             self.reading.readings["memory_used"] = info.used
+            self.reading.readings["memory_free"] = info.free
         bar1 = self.read("nvmlDeviceGetBAR1MemoryInfo", self.device.bar1_memory)
         if bar1 is not None:
             self.reading.static["bar1_total"] = bar1.total
+            self.reading.readings["bar1_used"] = bar1.used
 
     def utilization(self) -> None:
         """Engine utilization, the sample ring and the video engines."""
@@ -501,6 +505,7 @@ class _GpuRecorder:
                     whole,
                     computes,
                     memory_used=None if info is None else info.used,
+                    memory_total=None if info is None else info.total,
                 )
             )
         self.reading.mig = instances

@@ -14,28 +14,32 @@ showed on that node:
   read is written as a model key (name, VBIOS, PCI ids, memory and BAR1 totals, PCIe link, power
   limits, maximum clocks, temperature thresholds, fans, NVLink links, the opt-in ``features``
   GPM, row remapping and retired pages), with ``uuid``, ``serial``, ``pci_bus_id`` and
-  ``nvlink_down``.
-- the moving values (utilization, memory used, PCIe throughput, temperatures, power, clocks,
-  clock event reasons, fan, GPM activity) as constant ``overrides``, with the processes (PID,
-  name, memory; graphics ones typed so). A GPU in MIG mode gets its ``mig`` list instead of
-  whole-GPU memory and processes: each GPU instance with its profile, id, memory used, GPM
-  activity and compute instances (``<n>c``) with their processes.
+  ``nvlink_down``; ``ecc_enabled: false`` where ECC is off, ``pcie_replays`` the replay
+  counter as read (when not 0), and under ``has`` each feature the model lacks that the GPU
+  answered for.
+- the moving values (utilization, memory used, BAR1 used, PCIe throughput, temperatures, power,
+  clocks, clock event reasons, fan, GPM activity) as constant ``overrides``, ``memory_free``
+  too where it is not total - reserved - used, with the processes (PID, name, memory; graphics
+  ones typed so). A GPU in MIG mode gets its ``mig`` list instead of whole-GPU memory used and
+  processes: each GPU instance with its profile, id, memory total and used, GPM activity and
+  compute instances (``<n>c``) with their processes.
 - each error answer as a fault without a window: ``{kind: not_supported, gpu, calls}``, ``{kind:
   error, gpu, call, error}``, ``{kind: sentinel, gpu, call}`` for NVML's "unavailable" value,
-  ``gpu_lost``. A call that failed for some arguments only (one threshold kind, one NVLink
-  counter) is not a fault: where a feature explains it, the GPU ``lacks`` the feature, else a
-  comment says so. Per-field answers of nvmlDeviceGetFieldValues become ``lacks`` too
-  (NOT_SUPPORTED for field 82: ``memory_temperature``; 197/198: ``pcie_counters``; NVLink
-  error and state fields); INVALID_ARGUMENT, an id the driver does not know, follows from the
-  driver version. NO_PERMISSION where only the privileged get an answer (GPM samples; a MIG
-  GPU's whole-GPU memory and processes) sets ``caller: unprivileged`` instead, when no such
-  call succeeded.
+  ``gpu_lost``; not the NOT_SUPPORTED of the ECC counts of a GPU with ECC off, which
+  ``ecc_enabled: false`` gives. A call that failed for some arguments only (one threshold kind,
+  one NVLink counter) is not a fault: where a feature explains it, the GPU ``lacks`` the
+  feature, else a comment says so. Per-field answers of nvmlDeviceGetFieldValues become
+  ``lacks`` too (NOT_SUPPORTED for field 82: ``memory_temperature``; 197/198: ``pcie_counters``;
+  NVLink error and state fields); INVALID_ARGUMENT, an id the driver does not know, follows from
+  the driver version. NO_PERMISSION where only the privileged get an answer (GPM samples; a MIG
+  GPU's whole-GPU memory and processes) sets ``caller: unprivileged`` instead, when no such call
+  succeeded.
 - memory repair as ``ecc_uncorrectable`` faults (uncorrectable rows remapped, pending, done or
   failed; double-bit retired pages) and each pending XID event as an ``xid`` fault.
 
-What the format cannot hold is written as comments at the top: counter values (ECC, PCIe
-replays, NVLink errors, energy: the format has rates), ECC switched off, correctable remapped
-rows, answers that differ by argument, features the chosen model lacks that the GPU has.
+What the format cannot hold is written as comments at the top: counter values (ECC, NVLink
+errors, energy: the format has rates), correctable remapped rows, answers that differ by
+argument.
 
 Masking (the default; ``--no-mask`` keeps everything as read): GPU UUIDs become
 ``GPU-00000000-0000-0000-0000-<index>`` and serials ``masked-<index>``, so GPUs stay distinct
@@ -304,8 +308,10 @@ class _GpuWriter:
         lacks = self.lacks - model.lacks
         if lacks:
             entry["lacks"] = sorted(lacks)
-        self._missing_features(model)
-        overrides = self._overrides(gpu.readings, gpu.processes)
+        has = [feature for feature in sorted(model.lacks) if self._has(feature)]
+        if has:
+            entry["has"] = has
+        overrides = self._overrides(self._moving(), gpu.processes)
         if gpu.mig is not None:
             overrides = {k: v for k, v in overrides.items() if k not in _WHOLE_GPU_ONLY}
             mig = [self._gpu_instance(instance) for instance in gpu.mig]
@@ -379,8 +385,14 @@ class _GpuWriter:
             if gpu.nvlink_down:
                 values["nvlink_down"] = gpu.nvlink_down
         if gpu.ecc_enabled is False:
-            self.note("ECC is off: the format cannot say so (a GPU with ECC has it on)")
-        counters = ", ".join(f"{name} {count}" for name, count in gpu.counters.items() if count)
+            values["ecc_enabled"] = False
+        if gpu.counters.get("PCIe replays"):
+            values["pcie_replays"] = gpu.counters["PCIe replays"]
+        counters = ", ".join(
+            f"{name} {count}"
+            for name, count in gpu.counters.items()
+            if count and name != "PCIe replays"
+        )
         if counters:
             self.note(f"counters (the format has rates, not counts): {counters}")
         return values
@@ -404,13 +416,28 @@ class _GpuWriter:
         codes = self.gpu.answers.get(call or "", {}).values()
         return bool(codes) and all(code == SUCCESS for code in codes)
 
-    def _missing_features(self, model: GpuModel) -> None:
-        for feature in sorted(model.lacks):
-            if self._has(feature):
-                self.note(
-                    f"its model lacks {feature}, which this GPU answered: the replay answers "
-                    "NOT_SUPPORTED there (a GPU entry can add to `lacks`, not remove)"
-                )
+    def _moving(self) -> dict[str, Any]:
+        """The GPU's moving values; memory free only where the replay would not derive it."""
+        readings = dict(self.gpu.readings)
+        if readings.get("memory_free") == self._derived_free():
+            readings.pop("memory_free", None)
+        return readings
+
+    def _derived_free(self) -> int | None:
+        """Memory free as the replay derives it: total - reserved - used.
+
+        A GPU in MIG mode replays as used what its instances use.
+        """
+        gpu, static = self.gpu, self.gpu.static
+        used = gpu.readings.get("memory_used")
+        if gpu.mig is not None:
+            instances = [instance.memory_used for instance in gpu.mig]
+            if not instances or None in instances:
+                return None
+            used = sum(u for u in instances if u is not None)
+        if used is None or "memory_total" not in static:
+            return None
+        return int(static["memory_total"] - (static["memory_reserved"] or 0) - used)
 
     # -- answers -> faults ---------------------------------------------------------------------
 
@@ -431,6 +458,8 @@ class _GpuWriter:
             codes = set(failing.values())
             if len(failing) == len(by_argument) and len(codes) == 1:
                 code = codes.pop()
+                if self._ecc_off_explains(call, code):
+                    continue
                 if code == _NOT_SUPPORTED:
                     not_supported.append(call)
                 else:
@@ -450,6 +479,14 @@ class _GpuWriter:
             self.faults.insert(
                 0, {"kind": "not_supported", "gpu": self.gpu.index, "calls": not_supported}
             )
+
+    def _ecc_off_explains(self, call: str, code: int) -> bool:
+        # With ECC off the driver has no counts: `ecc_enabled: false` replays that answer.
+        return (
+            self.gpu.ecc_enabled is False
+            and call == "nvmlDeviceGetTotalEccErrors"
+            and code == _NOT_SUPPORTED
+        )
 
     def _fault(self, call: str, code: int) -> dict[str, Any]:
         index = self.gpu.index
@@ -516,7 +553,7 @@ class _GpuWriter:
     ) -> dict[str, Any]:
         overrides: dict[str, Any] = {}
         for name, value in readings.items():
-            if name == "memory_used":
+            if name in ("memory_used", "memory_free", "bar1_used"):
                 overrides[name] = _size(value)
             elif name in ("pcie_tx", "pcie_rx"):
                 overrides[name] = f"{value}B/s"
@@ -553,6 +590,8 @@ class _GpuWriter:
     def _gpu_instance(self, instance: GpuInstanceReading) -> dict[str, Any]:
         entry: dict[str, Any] = {"profile": instance.profile}
         entry["gpu_instance_id"] = instance.gpu_instance
+        if instance.memory_total is not None:
+            entry["memory_total"] = _size(instance.memory_total)
         readings = dict(instance.readings)
         if instance.memory_used is not None:
             readings["memory_used"] = instance.memory_used
