@@ -15,6 +15,8 @@ from bench.node import BENCH, peer_version
 
 RESULTS = BENCH / "RESULTS.md"
 OPTIMIZATIONS = BENCH / "OPTIMIZATIONS.md"
+# Written by `python -m bench.fleet` (bench/fleet.py); `python -m bench` keeps it as it is.
+FLEET_HEADING = "## Fleet"
 
 
 @dataclass
@@ -83,7 +85,7 @@ def table(rows: list[Row]) -> str:
                     *(_ratio(ours.values.get(k), theirs.values.get(k)) for k, _, _ in COLUMNS),
                 ]
             )
-    return _markdown(lines)
+    return markdown(lines)
 
 
 def relay_table(rows: list[dict[str, str]]) -> str:
@@ -91,10 +93,11 @@ def relay_table(rows: list[dict[str, str]]) -> str:
     if not rows:
         return ""
     head = list(rows[0])
-    return _markdown([head, *([row[k] for k in head] for row in rows)])
+    return markdown([head, *([row[k] for k in head] for row in rows)])
 
 
-def _markdown(lines: list[list[str]]) -> str:
+def markdown(lines: list[list[str]]) -> str:
+    """A Markdown table of ``lines`` (the first is the heading), columns padded to align."""
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     rendered = [
         "| "
@@ -134,12 +137,19 @@ def _commit() -> str:
     return done.stdout.strip() or "?"
 
 
-def machine() -> str:
-    """Where the numbers came from."""
+def host() -> str:
+    """The commit and the machine the numbers came from."""
     return (
         f"commit {_commit()}; "
         f"{platform.node()}: {_cpu_model()}, {os.cpu_count()} CPUs, {_memory()} memory, "
-        f"{platform.system()} {platform.release()}, Python {platform.python_version()}; "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}"
+    )
+
+
+def machine() -> str:
+    """Where the numbers came from, with the exporters' versions."""
+    return (
+        f"{host()}; "
         f"gpuload {metadata.version('gpuload')}, prometheus_client "
         f"{metadata.version('prometheus_client')}, nvitop-exporter "
         f"{peer_version('nvitop-exporter')}"
@@ -196,6 +206,43 @@ def write_results(
             evaluation_text,
             "",
         ]
+    fleet = _section(RESULTS.read_text(), FLEET_HEADING) if RESULTS.exists() else ""
+    if fleet:
+        parts += [fleet.rstrip(), ""]
     if OPTIMIZATIONS.exists():
         parts += [OPTIMIZATIONS.read_text().rstrip(), ""]
     RESULTS.write_text("\n".join(parts))
+
+
+def _bounds(lines: list[str], heading: str) -> tuple[int, int] | None:
+    """Where the section under ``heading`` starts and ends (the next ``## `` heading)."""
+    if heading not in lines:
+        return None
+    start = lines.index(heading)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return start, end
+
+
+def _section(text: str, heading: str) -> str:
+    """The section of ``text`` under ``heading``; "" if there is none."""
+    lines = text.splitlines()
+    bounds = _bounds(lines, heading)
+    return "\n".join(lines[slice(*bounds)]).rstrip() + "\n" if bounds else ""
+
+
+def write_section(heading: str, section: str, path: Path = RESULTS) -> None:
+    """Put ``section`` in bench/RESULTS.md in place of the one under ``heading``.
+
+    A new section goes before the optimization log, after the other benchmarks' sections.
+    """
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    lines = text.splitlines()
+    bounds = _bounds(lines, heading)
+    if bounds:
+        start, end = bounds
+        del lines[start:end]
+    else:
+        log = next((i for i, line in enumerate(lines) if line.startswith("## Optimizations")), None)
+        start = len(lines) if log is None else log
+    lines[start:start] = [*section.rstrip().splitlines(), ""]
+    path.write_text("\n".join(lines).rstrip() + "\n")
