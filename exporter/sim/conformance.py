@@ -39,6 +39,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.nvml import GPM_METRICS
 from exporter.sim import importer, nvsmi
 from exporter.sim.nvsmi import CsvGpu, Field, RecordingError, TextGpu, XmlGpu
 
@@ -71,20 +72,11 @@ NOT_COMPARED = {
     "gpuload_processes_visible": "gpuload's own flag",
     "gpu_pod_info": "Kubernetes attribution",
 }
-_GPM_FAMILIES = (
-    "sm_occupancy",
-    "tensor_active",
-    "dram_active",
-    "fp16_active",
-    "fp32_active",
-    "fp64_active",
-    "integer_active",
-)
-NOT_COMPARED.update({f"gpu_{m}_ratio": "GPM: nvidia-smi does not print it" for m in _GPM_FAMILIES})
+NOT_COMPARED.update({f"gpu_{m}_ratio": "GPM: nvidia-smi does not print it" for m in GPM_METRICS})
 NOT_COMPARED.update(
     {
         f"gpu_mig_{m}_ratio": "GPM per MIG instance: nvidia-smi does not print it"
-        for m in ("sm_active", *_GPM_FAMILIES)
+        for m in GPM_METRICS
     }
 )
 
