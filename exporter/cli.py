@@ -38,6 +38,11 @@ _SERVE_FLAGS = {
         "counters, remapped rows, MIG mode, driver versions (default 10s; at most the "
         "interval: every cycle)",
     ),
+    "--metrics.profile": (
+        "metrics_profile",
+        "which series each GPU exports: minimal (at most 25 per GPU), default (at most 80) or "
+        "full (everything, e.g. for a node being debugged); docs/fleet.md (default default)",
+    ),
     "--log.level": ("log.level", "debug, info, warning or error (default info)"),
     "--log.format": ("log.format", "text or json (default text)"),
     "--simulate": (

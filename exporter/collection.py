@@ -16,7 +16,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, partial
 from typing import Any
 
@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from exporter import __version__, nvml
 from exporter.collectors import REGISTRY, CollectorSpec, Reader, Sample
 from exporter.collectors.base import GPU_LABELS, Family
+from exporter.collectors.profiles import sample_filter
 from exporter.nvml import Device, Identity, NvmlError
 from exporter.problems import ProblemLog
 from exporter.workers import Workers
@@ -225,12 +226,13 @@ def run_collector(
     unsupported: set[Hashable] | None = None,
     gpu: int | None = None,
     labels: tuple[str, ...] = (),
+    now: float | None = None,
 ) -> CollectorRun:
     """Run one collector behind the error boundary: nothing it raises escapes.
 
     ``gpu`` and ``labels`` (the GPU's identity labels) are put in the run as they are.
     """
-    read = Reader(slow_due=slow_due, device=device, unsupported=unsupported)
+    read = Reader(slow_due=slow_due, device=device, unsupported=unsupported, now=now)
     started = time.perf_counter()
     try:
         samples = tuple(collect(read))
@@ -265,7 +267,11 @@ class Collection:
         wall_clock: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
         widen_after: float = _WIDEN_AFTER,
+        profile: str = "full",
     ) -> None:
+        # Which of the GPUs' samples are published (exporter/collectors/profiles.py): the daemon
+        # passes the configured profile; a Collection made in code publishes all it reads.
+        self._keep = sample_filter(profile)
         self._specs = [REGISTRY[name] for name, on in enabled.items() if on and name in REGISTRY]
         self._layout = Layout(self._specs)
         self._options = {
@@ -454,7 +460,7 @@ class Collection:
         running = {self._start(gpu, slow_due, pending) for gpu in queue[:_LANES]}
         del queue[:_LANES]
         node_runs = [
-            run_collector(name, collector.collect, slow_due=slow_due)
+            self._kept(run_collector(name, collector.collect, slow_due=slow_due))
             for name, collector in self._node_collectors.items()
         ]
         widen_after = self._widen_after * (_SLOW_CYCLE_WORK if slow_due else 1)
@@ -497,6 +503,12 @@ class Collection:
         pending[future] = gpu
         return future
 
+    def _kept(self, run: CollectorRun) -> CollectorRun:
+        """The run with only the samples of the metrics profile."""
+        if self._keep is None:
+            return run
+        return replace(run, samples=tuple(filter(self._keep, run.samples)))
+
     def _collect_gpu(self, gpu: _Gpu, slow_due: bool) -> list[CollectorRun]:
         assert gpu.device is not None and gpu.identity is not None
         device, labels = gpu.device, (str(gpu.index), gpu.identity.uuid)
@@ -523,8 +535,9 @@ class Collection:
                     unsupported=gpu.unsupported,
                     gpu=gpu.index,
                     labels=labels,
+                    now=self._clock(),
                 )
-                runs.append(run)
+                runs.append(self._kept(run))
         finally:
             device.forget_fields_ahead()
         gpu.current_collector = ""

@@ -87,6 +87,8 @@ class Config:
     collect_timeout: float | None = None
     # Limits, maxima, error counters, remapped rows, driver versions: read this often.
     collect_slow_interval: float = 10.0
+    # Which series are exported: minimal, default or full (exporter/collectors/profiles.py).
+    metrics_profile: str = "default"
     collectors: Mapping[str, bool] = field(default_factory=dict)
     collector_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     simulate: SimulationConfig = field(default_factory=SimulationConfig)
@@ -187,6 +189,7 @@ _SETTINGS: dict[str, Callable[[Any], Any]] = {
     "collect_interval": parse_duration,
     "collect_timeout": _optional(parse_duration),
     "collect_slow_interval": parse_duration,
+    "metrics_profile": parse_choice("minimal", "default", "full"),
     "simulate.scenario": _optional(str),
     "simulate.epoch": _optional(_number),
     "simulate.seed": _optional(_integer),
@@ -444,6 +447,7 @@ def _build(
         collect_interval=get("collect_interval", defaults.collect_interval),
         collect_timeout=get("collect_timeout", defaults.collect_timeout),
         collect_slow_interval=get("collect_slow_interval", defaults.collect_slow_interval),
+        metrics_profile=get("metrics_profile", defaults.metrics_profile),
         collectors=enabled,
         collector_options=options,
         simulate=SimulationConfig(

@@ -161,7 +161,8 @@ def test_a100_mig_has_seven_instances_and_no_gpm() -> None:
 
 
 def test_nvlink_links_traffic_and_a_link_down() -> None:
-    with node("h100-nvlink", at=60) as (clock, collection, _):
+    per_link = {"nvlink": {"per_link": True}}
+    with node("h100-nvlink", at=60, options=per_link) as (clock, collection, _):
         first = scrape(collection.run_cycle())
         clock.now = 70
         later = scrape(collection.run_cycle())
@@ -173,12 +174,34 @@ def test_nvlink_links_traffic_and_a_link_down() -> None:
     }
     assert len(up) == 18
     assert up["3"] == 0 and sum(up.values()) == 17
-    sent_before = value_of(first, "gpu_nvlink_transmit_bytes_total", **gpu5, link="0")
-    sent_after = value_of(later, "gpu_nvlink_transmit_bytes_total", **gpu5, link="0")
+    sent_before = value_of(first, "gpu_nvlink_link_transmit_bytes_total", **gpu5, link="0")
+    sent_after = value_of(later, "gpu_nvlink_link_transmit_bytes_total", **gpu5, link="0")
     assert sent_after > sent_before
     # Hopper counts a link's CRC errors in one field (NVML change log v520->v525): type "all".
-    assert value_of(later, "gpu_nvlink_crc_errors_total", **gpu5, link="3", type="all") >= 0
+    assert value_of(later, "gpu_nvlink_link_crc_errors_total", **gpu5, link="3", type="all") >= 0
     assert value_of(later, "gpuload_collector_success", collector="nvlink") == 1
+    # The GPU's totals: the sums of its links, the link that is down named, and only that one.
+    for total in ("transmit_bytes", "receive_bytes", "crc_errors", "replay_errors"):
+        links = series(later, f"gpu_nvlink_link_{total}_total")
+        assert value_of(later, f"gpu_nvlink_{total}_total", **gpu5) == sum(
+            value for labels, value in links.items() if dict(labels)["gpu"] == "5"
+        )
+    assert value_of(later, "gpu_nvlink_links_up", **gpu5) == 17
+    assert series(later, "gpu_nvlink_link_down") == {
+        tuple(sorted({**gpu5, "link": "3"}.items())): 1.0
+    }
+    assert value_of(later, "gpu_nvlink_links_up", **labels_of(later, "0")) == 18
+
+
+def test_nvlink_is_per_gpu_by_default() -> None:
+    with node("h100-nvlink", at=60) as (_, collection, _sim):
+        samples = scrape(collection.run_cycle())
+    names = {name for name, _ in samples}
+    assert not {name for name in names if name.startswith("gpu_nvlink_link_")} - {
+        "gpu_nvlink_link_down"
+    }
+    assert len(series(samples, "gpu_nvlink_transmit_bytes_total")) == 8
+    assert len(series(samples, "gpu_nvlink_link_down")) == 1
 
 
 @pytest.mark.parametrize(
@@ -195,7 +218,8 @@ def test_nvlink_state_and_error_counters_use_field_values_where_the_driver_has_t
     state_calls_per_link: int,
     crc_types: int,
 ) -> None:
-    with node(scenario, at=7200) as (_, collection, simulator):
+    per_link = {"nvlink": {"per_link": True}}
+    with node(scenario, at=7200, options=per_link) as (_, collection, simulator):
         collection.run_cycle()
         before = dict(simulator.calls)
         samples = scrape(collection.run_cycle())
@@ -207,10 +231,10 @@ def test_nvlink_state_and_error_counters_use_field_values_where_the_driver_has_t
     assert calls["nvmlDeviceGetNvLinkErrorCounter"] == gpus * links * counter_calls_per_link
     assert calls.get("nvmlDeviceGetNvLinkState", 0) == gpus * links * state_calls_per_link
     last = {**labels_of(samples, str(gpus - 1)), "link": str(links - 1)}
-    assert value_of(samples, "gpu_nvlink_replay_errors_total", **last) == replay
-    assert value_of(samples, "gpu_nvlink_recovery_errors_total", **last) == recovery
-    assert len(series(samples, "gpu_nvlink_replay_errors_total")) == gpus * links
-    assert len(series(samples, "gpu_nvlink_crc_errors_total")) == gpus * links * crc_types
+    assert value_of(samples, "gpu_nvlink_link_replay_errors_total", **last) == replay
+    assert value_of(samples, "gpu_nvlink_link_recovery_errors_total", **last) == recovery
+    assert len(series(samples, "gpu_nvlink_link_replay_errors_total")) == gpus * links
+    assert len(series(samples, "gpu_nvlink_link_crc_errors_total")) == gpus * links * crc_types
     assert len(series(samples, "gpu_nvlink_link_up")) == gpus * links
     up = [
         value_of(samples, "gpu_nvlink_link_up", **{**last, "link": str(link)})
@@ -223,7 +247,7 @@ def test_nvlink_state_and_error_counters_use_field_values_where_the_driver_has_t
 def test_pcie_cards_have_no_nvlink_series() -> None:
     with node("mixed", at=100) as (_, collection, _sim):
         samples = scrape(collection.run_cycle())
-    assert series(samples, "gpu_nvlink_link_up") == {}
+    assert series(samples, "gpu_nvlink_links_up") == {}
     assert value_of(samples, "gpuload_collector_success", collector="nvlink") == 1
 
 
@@ -426,8 +450,8 @@ def test_a_gpus_field_values_are_read_in_one_call_a_cycle() -> None:
     gpu7 = labels_of(samples, "7")
     memory = value_of(samples, "gpu_temperature_celsius", **gpu7, sensor="memory")
     assert memory == temperature[0].value.uiVal
-    assert len(series(samples, "gpu_nvlink_transmit_bytes_total")) == 8 * 18
-    assert len(series(samples, "gpu_nvlink_link_up")) == 8 * 18
+    assert len(series(samples, "gpu_nvlink_transmit_bytes_total")) == 8
+    assert value_of(samples, "gpu_nvlink_links_up", **gpu7) == 18
     assert value_of(samples, "gpu_pcie_receive_bytes_total", **gpu7) > 0
 
 
@@ -466,7 +490,7 @@ def test_a_failed_field_values_call_is_an_error_of_each_collector_that_reads_fie
     assert calls == 2
     assert value_of(samples, "gpu_temperature_celsius", **sick, sensor="memory") is None
     assert value_of(samples, "gpu_temperature_celsius", **sick, sensor="gpu") is not None
-    assert value_of(samples, "gpu_nvlink_replay_errors_total", **sick, link="0") is not None
+    assert value_of(samples, "gpu_nvlink_replay_errors_total", **sick) is not None
     assert value_of(samples, "gpu_temperature_celsius", **well, sensor="memory") is not None
     assert value_of(samples, "gpu_pcie_transmit_bytes_total", **well) is not None
 

@@ -31,7 +31,9 @@ def _serve(
     """Import ``path``, run gpuload on it with the scenario clock pinned, scrape /metrics."""
     scenario = tmp_path / f"{path.stem}.yaml"
     scenario.write_text(importer.render(importer.import_file(path, state or "load")))
-    daemon = daemon_factory("--simulate", str(scenario), "--sim.time", f"{PINNED_TIME:g}")
+    daemon = daemon_factory(
+        "--simulate", str(scenario), "--sim.time", f"{PINNED_TIME:g}", env=conformance.EVERYTHING
+    )
     text = daemon.get("/metrics").text
     return conformance.parse_samples(text), text
 

@@ -33,6 +33,13 @@ SCENARIOS = {
     "fell-off-bus": 120,
     "ecc-remap": 120,
 }
+# Golden files of other metrics profiles (exporter/collectors/profiles.py): name -> (scenario,
+# profile). `full` with NVLink link by link shows every family there is.
+PROFILES = {
+    "h100-nvlink-full": ("h100-nvlink", "full"),
+    "h100-mig-full": ("h100-mig", "full"),
+    "h100-nvlink-minimal": ("h100-nvlink", "minimal"),
+}
 # Scenarios whose MIG devices a fake kubelet allocates to pods, so that gpu_pod_info shows.
 KUBELET_SCENARIOS = {"a100-mig"}
 
@@ -78,9 +85,10 @@ def settled_scrape(daemon: Daemon) -> str:
     raise AssertionError("/metrics did not settle")
 
 
-@pytest.fixture(params=sorted(SCENARIOS))
+@pytest.fixture(params=sorted([*SCENARIOS, *PROFILES]))
 def scrape(request, daemon_factory) -> tuple[str, str]:
-    scenario = request.param
+    name = request.param
+    scenario, profile = PROFILES.get(name, (name, "default"))
     config: list[str] = []
     if scenario in KUBELET_SCENARIOS:
         kubelet, path = mig_node_kubelet(scenario, seed=7)
@@ -95,9 +103,12 @@ def scrape(request, daemon_factory) -> tuple[str, str]:
         "7",
         "--collect.interval",
         "200ms",
+        "--metrics.profile",
+        profile,
         *config,
+        env={"GPULOAD_COLLECTORS_NVLINK_PER_LINK": str(profile == "full").lower()},
     )
-    return scenario, settled_scrape(daemon)
+    return name, settled_scrape(daemon)
 
 
 def test_metrics_match_the_golden_file(scrape: tuple[str, str]) -> None:

@@ -25,7 +25,7 @@ from exporter.collectors import REGISTRY
 from exporter.nvml import Device
 from exporter.server.http import build_registry
 
-CRC = "gpu_nvlink_crc_errors_total"
+CRC = "gpu_nvlink_link_crc_errors_total"
 
 # An H100 and an A100 whose links see the same CRC error rates: 3600 flit and 1800 data per hour
 # make exact counts over whole minutes.
@@ -110,7 +110,12 @@ def _node(
     path.write_text(textwrap.dedent(scenario))
     clock = Clock(at)
     simulator = sim.install(path, clock=clock, epoch=0)
-    collection = Collection(dict.fromkeys(REGISTRY, True), timeout=60, clock=clock)
+    collection = Collection(
+        dict.fromkeys(REGISTRY, True),
+        timeout=60,
+        clock=clock,
+        options={"nvlink": {"per_link": True}},
+    )
     try:
         yield clock, collection, simulator
     finally:
@@ -194,6 +199,10 @@ def test_hopper_crc_errors_keep_their_family_with_type_all(tmp_path: Path) -> No
     link = {**hopper, "link": "5", "type": "all"}
     assert _grown(first, later, **link) == 900  # flit and data CRC errors of 10 minutes
     assert _grown(first, later, **ampere, link="5", type="flit") == 600
+    # The GPU's total: every link's errors, whatever the architecture counts them as.
+    total = "gpu_nvlink_crc_errors_total"
+    grown = [value_of(later, total, **g) - value_of(first, total, **g) for g in (hopper, ampere)]
+    assert grown == [18 * 900, 12 * 900]
     # Hopper's CRC comes with the other fields: only the A100 asks its 12 links, flit and data.
     assert calls == 12 * 2
     assert value_of(later, "gpuload_collector_success", collector="nvlink") == 1

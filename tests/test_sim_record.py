@@ -46,9 +46,9 @@ from exporter.sim.recording import masked_process_name, masked_serial, masked_uu
 
 SEED = "7"
 COUNTS = re.compile(
-    r"^(gpu_energy_consumption_joules_total|gpu_nvlink_(transmit|receive)_bytes_total"
+    r"^(gpu_energy_consumption_joules_total|gpu_nvlink_(link_)?(transmit|receive)_bytes_total"
     r"|gpu_ecc_errors_total|gpu_pcie_replay_errors_total"
-    r"|gpu_nvlink_(replay|recovery|crc)_errors_total|gpuload_nvml_errors_total)$"
+    r"|gpu_nvlink_(link_)?(replay|recovery|crc)_errors_total|gpuload_nvml_errors_total)$"
 )
 # Labels that carry the identifiers the recorder masks, and how it masks them.
 MASKED_LABELS: dict[str, Callable[[dict[str, str], str], str]] = {
@@ -108,7 +108,7 @@ def scrape(
     """/metrics of ``gpuload serve`` on ``scenario`` pinned at ``at``, settled, parsed."""
     daemon = daemon_factory(
         *("--simulate", str(scenario), "--sim.time", str(at), "--sim.seed", SEED),
-        *("--collect.interval", "200ms", *flags),
+        *("--collect.interval", "200ms", "--metrics.profile", "full", *flags),
     )
     return settled(daemon)
 

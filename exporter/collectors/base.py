@@ -9,6 +9,7 @@ without any central list to edit.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
@@ -69,9 +70,13 @@ class Reader:
         slow_due: bool = True,
         device: Device | None = None,
         unsupported: set[Hashable] | None = None,
+        now: float | None = None,
     ) -> None:
         # Whether values that change rarely are to be read again this time (see `SlowReads`).
         self.slow_due = slow_due
+        # The node's clock (seconds) at this collection: what counters of seconds integrate over.
+        # The simulated node's clock under --simulate.
+        self.now = time.monotonic() if now is None else now
         self.errors: list[NvmlError] = []
         self.invalid: list[str] = []
         self.refused: list[str] = []  # the names of reads NVML answered NO_PERMISSION
@@ -155,6 +160,40 @@ class SlowReads:
         samples = tuple(produce())
         self._samples = samples if len(read.errors) == errors else None
         return samples
+
+
+class SecondsCounter:
+    """A counter of seconds: a fraction of time (0..1) integrated over the node's clock.
+
+    Each collection adds the mean fraction since the previous one times the seconds between
+    them, so that ``rate()`` over any window is the exact mean over that window, whatever the
+    scrape interval (a gauge of the last second keeps 1 s of every 15 s scrape). The first
+    collection only starts the clock. A collection that read nothing adds nothing, and the next
+    one covers the gap with its mean, which NVML's samples and GPM compute since the last read.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._since: float | None = None
+
+    def add(self, fraction: float, now: float) -> float:
+        """Add `fraction` of the seconds since the last call; return the total."""
+        if self._since is not None and now > self._since:
+            self.seconds += min(max(fraction, 0.0), 1.0) * (now - self._since)
+        self._since = now
+        return self.seconds
+
+
+def seconds_family(ratio: Family, how: str) -> Family:
+    """The counter beside a family of a fraction of time: `x_ratio` -> `x_seconds_total`."""
+    return Family(
+        ratio.name.removesuffix("_ratio") + "_seconds_total",
+        "counter",
+        f"Seconds of {how}, integrated from every reading between collections: "
+        f"rate() over any window is the mean of {ratio.name} over that window.",
+        ratio.labels,
+        ratio.per_gpu,
+    )
 
 
 class DeviceCollector(Protocol):

@@ -7,6 +7,8 @@ Families (time-averaged between consecutive collections, 0..1):
     gpu_dram_active_ratio: NVML_GPM_METRIC_DRAM_BW_UTIL.
     gpu_fp16_active_ratio, gpu_fp32_active_ratio, gpu_fp64_active_ratio: NVML_GPM_METRIC_FPxx_UTIL.
     gpu_integer_active_ratio: NVML_GPM_METRIC_INTEGER_UTIL.
+    gpu_<metric>_seconds_total: each of them integrated over time (`rate()` is its exact mean
+        over any window, at any scrape interval; the ratio is the last interval's).
 
 Each GPU's two GPM sample buffers (nvmlGpmSampleAlloc) are allocated on its first
 collection and freed (nvmlGpmSampleFree) when the GPU is dropped or the daemon stops.
@@ -18,7 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from exporter.collectors.base import Family, Reader, Sample, ratio_from_percent, register
+from exporter.collectors.base import (
+    Family,
+    Reader,
+    Sample,
+    SecondsCounter,
+    ratio_from_percent,
+    register,
+    seconds_family,
+)
 from exporter.nvml import GPM_METRICS, Device, GpmSampler
 
 HELP = {
@@ -38,7 +48,7 @@ def family_name(metric: str) -> str:
     return f"gpu_{metric}_ratio"
 
 
-FAMILIES = tuple(
+RATIOS = tuple(
     Family(
         family_name(metric),
         "gauge",
@@ -47,13 +57,46 @@ FAMILIES = tuple(
     )
     for metric, metric_id in GPM_METRICS.items()
 )
+# What each metric is a fraction of time of, for its counter's help.
+ACTIVITY = {
+    "sm_active": "SMs with a warp resident, averaged over SMs",
+    "sm_occupancy": "warps resident as a fraction of the maximum, averaged over SMs",
+    "tensor_active": "tensor core pipes active",
+    "dram_active": "peak device memory bandwidth in use",
+    "fp16_active": "the FP16 pipe active",
+    "fp32_active": "the FP32 pipe active",
+    "fp64_active": "the FP64 pipe active",
+    "integer_active": "the integer pipe active",
+}
+FAMILIES = RATIOS + tuple(
+    seconds_family(ratio, ACTIVITY[metric])
+    for ratio, metric in zip(RATIOS, GPM_METRICS, strict=True)
+)
 
 
-def gpm_samples(metrics: dict[str, float], prefix: str = "gpu_") -> Iterator[Sample]:
-    """Samples for the GPM metrics NVML computed, as ratios."""
-    for metric, percent in metrics.items():
-        if 0 <= percent <= 100:
-            yield Sample(f"{prefix}{metric}_ratio", ratio_from_percent(percent))
+class GpmSeconds:
+    """The GPM metrics of one GPU or MIG instance as ratios and counters of seconds."""
+
+    def __init__(self) -> None:
+        self._counters = {metric: SecondsCounter() for metric in GPM_METRICS}
+
+    def samples(
+        self,
+        metrics: dict[str, float],
+        now: float,
+        prefix: str = "gpu_",
+        labels: tuple[str, ...] = (),
+    ) -> Iterator[Sample]:
+        """Samples for the GPM metrics NVML computed since the previous GPM sample."""
+        for metric, counter in self._counters.items():
+            percent = metrics.get(metric)
+            if not metrics:
+                counter.add(0.0, now)  # the first GPM sample: the counters' clock starts
+            if percent is None or not 0 <= percent <= 100:
+                continue
+            ratio = ratio_from_percent(percent)
+            yield Sample(f"{prefix}{metric}_ratio", ratio, labels)
+            yield Sample(f"{prefix}{metric}_seconds_total", counter.add(ratio, now), labels)
 
 
 @register("gpm", FAMILIES)
@@ -63,6 +106,7 @@ class GpmCollector:
     def __init__(self) -> None:
         self._supported: bool | None = None
         self._sampler: GpmSampler | None = None
+        self._seconds = GpmSeconds()
 
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Take a GPM sample and yield the metrics since the previous one."""
@@ -78,8 +122,8 @@ class GpmCollector:
             if self._sampler is None:
                 return
         metrics = read(self._sampler.take, what="gpm_sample")
-        if metrics:
-            yield from gpm_samples(metrics)
+        if metrics is not None:
+            yield from self._seconds.samples(metrics, read.now)
 
     def close(self) -> None:
         """Free the GPM sample buffers."""

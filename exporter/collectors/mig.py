@@ -5,7 +5,8 @@ Families:
     gpu_mig_memory_used_bytes{mig_instance,mig_profile}, gpu_mig_memory_total_bytes: once per
         GPU instance, nvmlDeviceGetMemoryInfo on its first MIG device handle.
     gpu_mig_<metric>_ratio{mig_instance,mig_profile}: GPM per GPU instance
-        (nvmlGpmMigSampleGet), on GPUs with GPM, for the metrics of the gpm collector.
+        (nvmlGpmMigSampleGet), on GPUs with GPM, for the metrics of the gpm collector, and
+        gpu_mig_<metric>_seconds_total, each integrated over time as the gpm collector does.
     gpu_mig_multiprocessors{mig_instance,mig_compute_instance,mig_profile}: once per MIG device,
         nvmlDeviceGetAttributes_v2 (multiprocessorCount).
 
@@ -23,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from functools import partial
 
-from exporter.collectors.base import Family, Reader, Sample, SlowReads, register
-from exporter.collectors.gpm import HELP, gpm_samples
+from exporter.collectors.base import Family, Reader, Sample, SlowReads, register, seconds_family
+from exporter.collectors.gpm import ACTIVITY, HELP, GpmSeconds
 from exporter.nvml import GPM_METRICS, Device, GpmSampler, MigDevice
 
 _MIG_LABELS = ("mig_instance", "mig_profile")
@@ -68,6 +69,12 @@ FAMILIES = (
         for metric in GPM_METRICS
     ),
 )
+FAMILIES += tuple(
+    seconds_family(family, f"{ACTIVITY[metric]} in a MIG GPU instance")
+    for metric in GPM_METRICS
+    for family in FAMILIES
+    if family.name == f"gpu_mig_{metric}_ratio"
+)
 
 
 def _mode(device: Device, read: Reader) -> Iterator[Sample]:
@@ -91,6 +98,7 @@ class MigCollector:
     def __init__(self) -> None:
         self._gpm: bool | None = None
         self._samplers: dict[int, GpmSampler] = {}
+        self._seconds: dict[int, GpmSeconds] = {}
         # Changing MIG mode takes a GPU reset: the mode is read once per slow interval.
         self._mode = SlowReads()
 
@@ -127,6 +135,7 @@ class MigCollector:
             return
         for gone in set(self._samplers) - set(instances):
             self._samplers.pop(gone).free()
+            self._seconds.pop(gone, None)
         for instance in instances.values():
             sampler = self._samplers.get(instance.gpu_instance)
             if sampler is None:
@@ -134,10 +143,12 @@ class MigCollector:
                 if sampler is None:
                     continue
                 self._samplers[instance.gpu_instance] = sampler
-            metrics = read(sampler.take, what="gpm_sample") or {}
+            metrics = read(sampler.take, what="gpm_sample")
+            if metrics is None:
+                continue
             labels = (str(instance.gpu_instance), instance.gpu_instance_profile)
-            for sample in gpm_samples(metrics, prefix="gpu_mig_"):
-                yield Sample(sample.family, sample.value, labels)
+            seconds = self._seconds.setdefault(instance.gpu_instance, GpmSeconds())
+            yield from seconds.samples(metrics, read.now, "gpu_mig_", labels)
 
     def close(self) -> None:
         """Free every instance's GPM samples."""

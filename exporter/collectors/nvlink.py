@@ -1,15 +1,26 @@
-"""NVLink: per-link state, traffic and error counters, on GPUs that have NVLink.
+"""NVLink: link state, traffic and error counters, on GPUs that have NVLink.
 
-Families (label `link`, the link index):
-    gpu_nvlink_transmit_bytes_total, gpu_nvlink_receive_bytes_total: field values
+Families (per GPU, summed over its links):
+    gpu_nvlink_transmit_bytes_total, gpu_nvlink_receive_bytes_total, gpu_nvlink_crc_errors_total,
+    gpu_nvlink_replay_errors_total, gpu_nvlink_recovery_errors_total: the per-link counters
+        below, summed; left out of a cycle in which a link's counter could not be read, so that
+        a sum never goes down (Prometheus would read that as a counter reset).
+    gpu_nvlink_links_up: active links.
+    gpu_nvlink_link_down{link}: 1 for each inactive link of a GPU with at least one active
+        link; no series while every link is up, and none on a GPU that uses no NVLink at all
+        (a PCIe card without a bridge): at most the GPU's link count, only while it is broken.
+
+Families per link (label `link`), only with `collectors.nvlink.per_link: true`: at 18 links
+and 6 families they are 108 series per H100, most of a GPU's series (docs/fleet.md):
+    gpu_nvlink_link_transmit_bytes_total, gpu_nvlink_link_receive_bytes_total: field values
         NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX / _RX (KiB, scope = link), every link in one
         nvmlDeviceGetFieldValues call.
-    gpu_nvlink_link_up, gpu_nvlink_replay_errors_total, gpu_nvlink_recovery_errors_total:
+    gpu_nvlink_link_up, gpu_nvlink_link_replay_errors_total, gpu_nvlink_link_recovery_errors_total:
         field values NVML_FI_DEV_NVLINK_GET_STATE and NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY /
         _RECOVERY (scope = link), every link in one call per slow interval; where a driver
         answers NOT_SUPPORTED for a field, nvmlDeviceGetNvLinkState or
         nvmlDeviceGetNvLinkErrorCounter DL_REPLAY / DL_RECOVERY for that link.
-    gpu_nvlink_crc_errors_total{type="flit"|"data"|"all"}: nvmlDeviceGetNvLinkErrorCounter
+    gpu_nvlink_link_crc_errors_total{type="flit"|"data"|"all"}: nvmlDeviceGetNvLinkErrorCounter
         DL_CRC_FLIT / DL_CRC_DATA per link where the GPU has them; on Hopper and newer, which
         lost them ("removed in Hopper, replaced with NVML_FI_DEV_NVLINK_ERROR_DL_CRC", NVML
         change log v520->v525), that field's one count per link, as type="all". Summed over
@@ -29,7 +40,7 @@ import pynvml
 from exporter.collectors.base import Family, FieldId, Reader, Sample, SlowReads, register
 from exporter.nvml import Device, NvmlError
 
-FAMILIES = (
+PER_LINK = (
     Family(
         "gpu_nvlink_link_up",
         "gauge",
@@ -37,48 +48,76 @@ FAMILIES = (
         ("link",),
     ),
     Family(
-        "gpu_nvlink_transmit_bytes_total",
+        "gpu_nvlink_link_transmit_bytes_total",
         "counter",
         "Data bytes sent over the link (field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX).",
         ("link",),
     ),
     Family(
-        "gpu_nvlink_receive_bytes_total",
+        "gpu_nvlink_link_receive_bytes_total",
         "counter",
         "Data bytes received over the link (field NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX).",
         ("link",),
     ),
     Family(
-        "gpu_nvlink_replay_errors_total",
+        "gpu_nvlink_link_replay_errors_total",
         "counter",
         "Data-link replays on the link (nvmlDeviceGetNvLinkErrorCounter DL_REPLAY).",
         ("link",),
     ),
     Family(
-        "gpu_nvlink_recovery_errors_total",
+        "gpu_nvlink_link_recovery_errors_total",
         "counter",
         "Data-link recoveries on the link (nvmlDeviceGetNvLinkErrorCounter DL_RECOVERY).",
         ("link",),
     ),
     Family(
-        "gpu_nvlink_crc_errors_total",
+        "gpu_nvlink_link_crc_errors_total",
         "counter",
         "CRC errors on the link, by flit or data (nvmlDeviceGetNvLinkErrorCounter DL_CRC_FLIT / "
         "DL_CRC_DATA), or all of them on Hopper and newer (field NVML_FI_DEV_NVLINK_ERROR_DL_CRC).",
         ("link", "type"),
     ),
 )
+# Per-GPU total -> the per-link family it sums.
+TOTALS = {
+    "gpu_nvlink_transmit_bytes_total": "gpu_nvlink_link_transmit_bytes_total",
+    "gpu_nvlink_receive_bytes_total": "gpu_nvlink_link_receive_bytes_total",
+    "gpu_nvlink_crc_errors_total": "gpu_nvlink_link_crc_errors_total",
+    "gpu_nvlink_replay_errors_total": "gpu_nvlink_link_replay_errors_total",
+    "gpu_nvlink_recovery_errors_total": "gpu_nvlink_link_recovery_errors_total",
+}
+_PER_LINK_HELP = {family.name: family.help for family in PER_LINK}
+FAMILIES = (
+    *(
+        Family(total, "counter", _PER_LINK_HELP[link].replace("the link", "all its links", 1))
+        for total, link in TOTALS.items()
+    ),
+    Family(
+        "gpu_nvlink_links_up",
+        "gauge",
+        "NVLink links active (nvmlDeviceGetNvLinkState).",
+    ),
+    Family(
+        "gpu_nvlink_link_down",
+        "gauge",
+        "1 for each inactive link of a GPU with at least one active link; no series while "
+        "every link is up.",
+        ("link",),
+    ),
+    *PER_LINK,
+)
 
 # (family, field id, nvmlDeviceGetNvLinkErrorCounter counter): read as field values, the
 # counter call per link being the fallback for drivers without those fields.
 _ERROR_FIELDS = (
     (
-        "gpu_nvlink_replay_errors_total",
+        "gpu_nvlink_link_replay_errors_total",
         pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY,
         pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
     ),
     (
-        "gpu_nvlink_recovery_errors_total",
+        "gpu_nvlink_link_recovery_errors_total",
         pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY,
         pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
     ),
@@ -93,8 +132,8 @@ _CRC_COUNTERS = (
 _CRC_FIELD = pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC
 # (family, field id, multiplier to bytes)
 _THROUGHPUT = (
-    ("gpu_nvlink_transmit_bytes_total", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 1024),
-    ("gpu_nvlink_receive_bytes_total", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 1024),
+    ("gpu_nvlink_link_transmit_bytes_total", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 1024),
+    ("gpu_nvlink_link_receive_bytes_total", pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 1024),
 )
 
 
@@ -110,11 +149,12 @@ def _links_of(device: Device) -> list[int]:
     return links
 
 
-@register("nvlink", FAMILIES)
+@register("nvlink", FAMILIES, options={"per_link": False})
 class NvlinkCollector:
-    """NVLink link state, traffic and error counters per link."""
+    """NVLink link state, traffic and error counters, per GPU (or per link)."""
 
-    def __init__(self) -> None:
+    def __init__(self, per_link: bool = False) -> None:
+        self._per_link = per_link
         self._links: list[int] | None = None
         # Link state and error counters change rarely: read once per slow interval.
         self._health = SlowReads()
@@ -135,14 +175,19 @@ class NvlinkCollector:
         if not self._links:
             return
         traffic = [(family, field) for family, field, _ in _THROUGHPUT]
-        yield from self._fields(device, read, traffic)
-        yield from self._health(read, partial(self._link_health, device, read))
+        per_link = [
+            *self._fields(device, read, traffic),
+            *self._health(read, partial(self._link_health, device, read)),
+        ]
+        yield from _per_gpu(per_link, self._links)
+        if self._per_link:
+            yield from per_link
 
     def _link_health(self, device: Device, read: Reader) -> Iterator[Sample]:
         assert self._links is not None
         health = [("gpu_nvlink_link_up", _STATE_FIELD)]
         health += [(family, field) for family, field, _ in _ERROR_FIELDS]
-        health += [("gpu_nvlink_crc_errors_total", _CRC_FIELD)]
+        health += [("gpu_nvlink_link_crc_errors_total", _CRC_FIELD)]
         yield from self._fields(device, read, health)
 
     def _crc_errors(
@@ -155,12 +200,12 @@ class NvlinkCollector:
                 count = read(partial(device.nvlink_error_count, link, counter))
                 absent = absent and count is None and read.last_error is None
                 if count is not None:
-                    yield Sample("gpu_nvlink_crc_errors_total", count, (str(link), kind))
+                    yield Sample("gpu_nvlink_link_crc_errors_total", count, (str(link), kind))
             if not absent or field is None:
                 return
             self._crc_from_field = True
         if field is not None:
-            yield Sample("gpu_nvlink_crc_errors_total", field, (str(link), "all"))
+            yield Sample("gpu_nvlink_link_crc_errors_total", field, (str(link), "all"))
 
     def _fields(
         self, device: Device, read: Reader, per_link: list[tuple[str, int]]
@@ -190,3 +235,20 @@ def _link_up(device: Device, read: Reader, link: int, field: int | None) -> int 
         return int(field == pynvml.NVML_FEATURE_ENABLED)
     active = read(partial(device.nvlink_active, link))
     return None if active is None else int(active)
+
+
+def _per_gpu(per_link: list[Sample], links: list[int]) -> Iterator[Sample]:
+    """The GPU's totals of its links' samples; a total only when every link was read."""
+    every_link = {str(link) for link in links}
+    for total, family in TOTALS.items():
+        values = [sample for sample in per_link if sample.family == family]
+        if values and {sample.labels[0] for sample in values} == every_link:
+            yield Sample(total, sum(sample.value for sample in values))
+    state = {s.labels[0]: s.value for s in per_link if s.family == "gpu_nvlink_link_up"}
+    if set(state) != every_link:
+        return
+    yield Sample("gpu_nvlink_links_up", sum(state.values()))
+    if any(state.values()):
+        for link, up in state.items():
+            if not up:
+                yield Sample("gpu_nvlink_link_down", 1, (link,))

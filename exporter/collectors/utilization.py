@@ -7,6 +7,16 @@ Families:
     gpu_memory_utilization_ratio: the same with MEMORY_UTILIZATION_SAMPLES / .memory.
     gpu_encoder_utilization_ratio: nvmlDeviceGetEncoderUtilization / 100.
     gpu_decoder_utilization_ratio: nvmlDeviceGetDecoderUtilization / 100.
+    gpu_<each of the above>_seconds_total: the same fractions integrated over time, from every
+        sample between collections (the encoder and decoder from their instant readings).
+    gpu_idle_seconds_total: time in GPU utilization samples below 1%: no kernel at all.
+
+Prometheus scrapes every 15-60 s: a gauge of the last second keeps 1 s out of 15, and a
+`max_over_time` of it sees whatever the scrape happened to land on. `rate()` of the counters is
+the exact mean over any window. NVML's utilization sample is the fraction of its sample period
+(1/6 s to 1 s) in which a kernel ran; a 0% sample is a whole period with nothing running: a GPU
+that a job holds and that often sits fully idle is waiting for its input (the data loader), where
+a steady small workload runs something in nearly every period.
 
 NVML samples utilization every 1/6 s to 1 s depending on the product; averaging all
 samples since the last collection reports a sawtooth load as its true mean rather than
@@ -22,13 +32,15 @@ from exporter.collectors.base import (
     Family,
     Reader,
     Sample,
+    SecondsCounter,
     is_percent,
     ratio_from_percent,
     register,
+    seconds_family,
 )
 from exporter.nvml import Device
 
-FAMILIES = (
+FAMILIES: tuple[Family, ...] = (
     Family(
         "gpu_utilization_ratio",
         "gauge",
@@ -54,9 +66,27 @@ FAMILIES = (
         "Fraction of time the video decoder was busy, 0..1 (nvmlDeviceGetDecoderUtilization).",
     ),
 )
+RATIOS = {family.name: family for family in FAMILIES}
+# The activity each ratio is a fraction of time of, for its counter's help.
+_ACTIVITY = {
+    "gpu_utilization_ratio": "a kernel running on the GPU",
+    "gpu_memory_utilization_ratio": "device memory being read or written",
+    "gpu_encoder_utilization_ratio": "the video encoder busy",
+    "gpu_decoder_utilization_ratio": "the video decoder busy",
+}
+IDLE = Family(
+    "gpu_idle_seconds_total",
+    "counter",
+    "Seconds in which the GPU ran no kernel at all: NVML utilization samples below 1% (a whole "
+    "sample period idle), or a reading of 0% where the GPU has no samples. rate() is the "
+    "fraction of a window the GPU sat fully idle; held by a job, that is waiting for input.",
+)
+FAMILIES += (*(seconds_family(RATIOS[n], how) for n, how in _ACTIVITY.items()), IDLE)
 
 # On the first collection there is no previous one: average the last second of samples.
 _FIRST_WINDOW_US = 1_000_000
+# A GPU utilization sample below this percent is a sample period with no kernel running.
+_IDLE_BELOW_PERCENT = 1.0
 
 
 @register("utilization", FAMILIES)
@@ -65,11 +95,12 @@ class UtilizationCollector:
 
     def __init__(self) -> None:
         self._last_seen_us = {"gpu": 0, "memory": 0}
+        self._seconds = {name: SecondsCounter() for name in (*_ACTIVITY, IDLE.name)}
 
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
-        """Yield the utilization ratios that this GPU reports."""
-        means = self._sample_means(device, read)
-        if None in means:
+        """Yield the utilization ratios that this GPU reports, and their counters of seconds."""
+        gpu, memory, idle = self._sample_means(device, read)
+        if gpu is None or memory is None:
             # No samples (older GPUs, MIG), or no new one since the last collection: the
             # driver's ring runs dry on an idle GPU, so the last mean is not what it does now.
             rates = read(
@@ -77,28 +108,38 @@ class UtilizationCollector:
                 valid=lambda u: is_percent(u.gpu_percent) and is_percent(u.memory_percent),
                 what="utilization",
             )
-            instant = (None, None) if rates is None else (rates.gpu_percent, rates.memory_percent)
-            means = tuple(
-                now if mean is None else mean for mean, now in zip(means, instant, strict=True)
-            )
-        gpu, memory = means
-        if gpu is not None:
-            yield Sample("gpu_utilization_ratio", ratio_from_percent(gpu))
-        if memory is not None:
-            yield Sample("gpu_memory_utilization_ratio", ratio_from_percent(memory))
-        encoder = read(device.encoder_utilization_percent, valid=is_percent)
-        if encoder is not None:
-            yield Sample("gpu_encoder_utilization_ratio", ratio_from_percent(encoder))
-        decoder = read(device.decoder_utilization_percent, valid=is_percent)
-        if decoder is not None:
-            yield Sample("gpu_decoder_utilization_ratio", ratio_from_percent(decoder))
+            if rates is not None:
+                gpu = rates.gpu_percent if gpu is None else gpu
+                memory = rates.memory_percent if memory is None else memory
+        if idle is None and gpu is not None:
+            idle = 1.0 if gpu < _IDLE_BELOW_PERCENT else 0.0
+        readings = {
+            "gpu_utilization_ratio": gpu,
+            "gpu_memory_utilization_ratio": memory,
+            "gpu_encoder_utilization_ratio": read(
+                device.encoder_utilization_percent, valid=is_percent
+            ),
+            "gpu_decoder_utilization_ratio": read(
+                device.decoder_utilization_percent, valid=is_percent
+            ),
+        }
+        for name, percent in readings.items():
+            if percent is None:
+                continue
+            ratio = ratio_from_percent(percent)
+            yield Sample(name, ratio)
+            yield Sample(_seconds_name(name), self._seconds[name].add(ratio, read.now))
+        if idle is not None:
+            yield Sample(IDLE.name, self._seconds[IDLE.name].add(idle, read.now))
 
     def _sample_means(self, device: Device, read: Reader) -> tuple[float | None, ...]:
-        """Mean percent of each kind since the last collection (None: no new sample).
+        """Mean percent of GPU and memory samples, and the fraction of idle GPU samples.
 
-        None for both when the GPU has no samples (older GPUs, GPUs in MIG mode).
+        All since the last collection (None: no new sample); None for all when the GPU has no
+        samples (older GPUs, GPUs in MIG mode).
         """
-        means = []
+        means: list[float | None] = []
+        idle = None
         for kind in ("gpu", "memory"):
             samples = read(
                 partial(device.utilization_samples, kind, self._last_seen_us[kind]),
@@ -106,18 +147,25 @@ class UtilizationCollector:
                 what=f"{kind} utilization samples",
             )
             if samples is None:
-                return (None, None)
-            means.append(self._mean_of_new(kind, samples))
-        return tuple(means)
+                return (None, None, None)
+            values = self._new_values(kind, samples)
+            means.append(sum(values) / len(values) if values else None)
+            if kind == "gpu" and values:
+                idle = sum(value < _IDLE_BELOW_PERCENT for value in values) / len(values)
+        return (*means, idle)
 
-    def _mean_of_new(self, kind: str, samples: list[tuple[int, float]]) -> float | None:
+    def _new_values(self, kind: str, samples: list[tuple[int, float]]) -> list[float]:
         if not samples:
-            return None
+            return []
         newest = max(timestamp for timestamp, _ in samples)
         if self._last_seen_us[kind] == 0:
             samples = [(t, v) for t, v in samples if t > newest - _FIRST_WINDOW_US]
         self._last_seen_us[kind] = newest
-        return sum(value for _, value in samples) / len(samples)
+        return [value for _, value in samples]
+
+
+def _seconds_name(ratio: str) -> str:
+    return ratio.removesuffix("_ratio") + "_seconds_total"
 
 
 def _all_percent(samples: list[tuple[int, float]]) -> bool:

@@ -149,6 +149,7 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         options=_collector_options(config, simulated_caller),
         slow_interval=config.collect_slow_interval,
         clock=clock,
+        profile=config.metrics_profile,
     )
     app = Application(
         lambda: collection.snapshot, config.web.telemetry_path, front_pid=lambda: server.pid

@@ -77,6 +77,10 @@ class StatusPage:
         self._refresh = max(1.0, refresh_seconds)
         self._lock = threading.Lock()
         self._verdicts: tuple[float, dict[str, Report]] = (0.0, {})
+        # DRAM bandwidth is a counter of seconds (the last-interval ratio is not in the default
+        # profile): its rate between the two last snapshots this page saw, per GPU.
+        self._dram: dict[str, tuple[float, float]] = {}
+        self._dram_ratio: dict[str, float] = {}
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         """Serve the page or its JSON."""
@@ -127,7 +131,9 @@ class StatusPage:
             "util": _by_gpu(history, "gpu_utilization_ratio"),
             "used": _by_gpu(history, "gpu_memory_used_bytes"),
             "total": _by_gpu(history, "gpu_memory_total_bytes"),
-            "dram": _by_gpu(history, "gpu_dram_active_ratio"),
+            "dram": self._dram_rates(
+                snapshot.completed_at, _by_gpu(history, "gpu_dram_active_seconds_total")
+            ),
             "memutil": _by_gpu(history, "gpu_memory_utilization_ratio"),
             "temp": _by_gpu(history, "gpu_temperature_celsius", sensor="gpu"),
             "shutdown": _by_gpu(history, "gpu_temperature_shutdown_threshold_celsius"),
@@ -141,6 +147,16 @@ class StatusPage:
                 self._gpu(gpu.index, gpu.name, gpu.uuid, gpu, values, reports.get(key), alerts)
             )
         return document
+
+    def _dram_rates(self, now: float, seconds: dict[str, float]) -> dict[str, float]:
+        with self._lock:
+            for gpu, total in seconds.items():
+                before = self._dram.get(gpu)
+                if before is not None and now > before[0] and total >= before[1]:
+                    self._dram_ratio[gpu] = min(1.0, (total - before[1]) / (now - before[0]))
+                if before is None or now > before[0]:
+                    self._dram[gpu] = (now, total)
+            return {gpu: self._dram_ratio[gpu] for gpu in seconds if gpu in self._dram_ratio}
 
     def _gpu(
         self,

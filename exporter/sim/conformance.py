@@ -51,6 +51,9 @@ EQUAL, ABSENT, MISMATCH = "equal", "absent as expected", "mismatch"
 Labels = tuple[tuple[str, str], ...]
 Samples = dict[tuple[str, Labels], float]
 
+# How gpuload is run to be compared: every family it has, and NVLink link by link.
+EVERYTHING = {"GPULOAD_METRICS_PROFILE": "full", "GPULOAD_COLLECTORS_NVLINK_PER_LINK": "true"}
+
 # gpuload families nvidia-smi gives nothing to compare with.
 NOT_COMPARED = {
     "gpu_up": "gpuload's own reachability flag",
@@ -63,6 +66,14 @@ NOT_COMPARED = {
     "gpu_nvlink_replay_errors_total": "not in the recordings",
     "gpu_nvlink_recovery_errors_total": "not in the recordings",
     "gpu_nvlink_crc_errors_total": "not in the recordings",
+    "gpu_nvlink_link_transmit_bytes_total": "nvidia-smi nvlink -s prints link speeds, not traffic",
+    "gpu_nvlink_link_receive_bytes_total": "nvidia-smi nvlink -s prints link speeds, not traffic",
+    "gpu_nvlink_link_replay_errors_total": "not in the recordings",
+    "gpu_nvlink_link_recovery_errors_total": "not in the recordings",
+    "gpu_nvlink_link_crc_errors_total": "not in the recordings",
+    "gpu_nvlink_links_up": "the sum of gpu_nvlink_link_up, which is compared link by link",
+    "gpu_nvlink_link_down": "gpu_nvlink_link_up, which is compared link by link, says it too",
+    "gpu_idle_seconds_total": "a counter of time; nvidia-smi prints one reading",
     "gpu_sm_active_ratio": "GPM: nvidia-smi does not print it",
     "gpu_process_sm_utilization_ratio": "pmon's samples were taken at other moments than -q and "
     "the CSV, and the simulator splits utilization evenly over processes",
@@ -73,6 +84,21 @@ NOT_COMPARED = {
     "gpu_pod_info": "Kubernetes attribution",
 }
 NOT_COMPARED.update({f"gpu_{m}_ratio": "GPM: nvidia-smi does not print it" for m in GPM_METRICS})
+NOT_COMPARED.update(
+    {
+        f"gpu_{m}_seconds_total": "a counter of time; nvidia-smi prints one reading"
+        for m in ("utilization", "memory_utilization", "encoder_utilization", "decoder_utilization")
+    }
+)
+NOT_COMPARED.update(
+    {f"gpu_{m}_seconds_total": "GPM: nvidia-smi does not print it" for m in GPM_METRICS}
+)
+NOT_COMPARED.update(
+    {
+        f"gpu_mig_{m}_seconds_total": "GPM per MIG instance: nvidia-smi does not print it"
+        for m in GPM_METRICS
+    }
+)
 NOT_COMPARED.update(
     {
         f"gpu_mig_{m}_ratio": "GPM per MIG instance: nvidia-smi does not print it"
@@ -944,6 +970,7 @@ def scrape(scenario: Path, at: float = PINNED_TIME, timeout: float = 60.0) -> st
         f"{at:g}",
     ]
     environment = {k: v for k, v in os.environ.items() if not k.startswith("GPULOAD_")}
+    environment |= EVERYTHING
     process = subprocess.Popen(
         command, env=environment, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
     )

@@ -1,0 +1,97 @@
+"""Metrics profiles: how many series each GPU costs a Prometheus.
+
+Every series is a budget item: at 10,000 GPUs, one more series per GPU is 10,000 more in
+Prometheus's head. A profile says which families (and, for a few, which series) are exported:
+
+``full``
+    Everything the collectors read, for a few nodes being debugged.
+``default``
+    What a dashboard, an alert or the doctor reads, at most 80 series per GPU (docs/fleet.md).
+    Left out: the last-interval GPM ratios (their ``_seconds_total`` counters give the exact
+    mean over any window), BAR1 memory and free memory (total - used - reserved).
+``minimal``
+    At most 25 series per GPU that still answer "is it busy, is it starved, is it hot, is it
+    broken": the utilization, SM and DRAM counters, fully idle time, what holds the GPU,
+    temperatures, power, the clock events that slow a GPU down, XIDs, uncorrected ECC errors,
+    failed row remaps, NVLink links down. The node's own families are all kept.
+
+The profile filters what a collection publishes: /metrics, the status page, the doctor and the
+local alerts all see the same series. gpuload's own families (``gpuload_*``) and the GPUs'
+identity (``gpu_info``, ``gpu_up``) are in every profile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from exporter.collectors.base import REGISTRY, Sample
+from exporter.nvml import GPM_METRICS
+
+PROFILES = ("minimal", "default", "full")
+
+_GPM_RATIOS = frozenset(
+    name for metric in GPM_METRICS for name in (f"gpu_{metric}_ratio", f"gpu_mig_{metric}_ratio")
+)
+DEFAULT_LEFT_OUT = _GPM_RATIOS | {
+    "gpu_bar1_memory_total_bytes",
+    "gpu_bar1_memory_used_bytes",
+    "gpu_memory_free_bytes",
+}
+
+# The clock events that slow a GPU down; the others (idle, application clocks, sync boost,
+# display clocks) explain a low clock that nobody needs to act on.
+SLOWDOWN_REASONS = frozenset(
+    {"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"}
+)
+
+# Family -> which of its series the minimal profile keeps (None: all of them). The
+# predicate gets the sample's own labels, in the family's label order.
+MINIMAL: Mapping[str, Callable[[tuple[str, ...]], bool] | None] = {
+    # Is it busy, is it starved (held but idle)?
+    "gpu_utilization_seconds_total": None,
+    "gpu_memory_utilization_seconds_total": None,
+    "gpu_idle_seconds_total": None,
+    "gpu_sm_active_seconds_total": None,
+    "gpu_dram_active_seconds_total": None,
+    "gpu_processes": None,
+    "gpu_memory_used_bytes": None,
+    "gpu_memory_total_bytes": None,
+    "gpu_mig_memory_used_bytes": None,
+    "gpu_mig_memory_total_bytes": None,
+    "gpu_mig_sm_active_seconds_total": None,
+    "gpu_mig_dram_active_seconds_total": None,
+    "gpu_pod_info": None,
+    # Is it hot?
+    "gpu_temperature_celsius": None,
+    "gpu_power_usage_watts": None,
+    "gpu_clock_event_active": lambda labels: labels[0] in SLOWDOWN_REASONS,
+    # Is it broken?
+    "gpu_xid_errors_total": None,
+    "gpu_ecc_errors_total": lambda labels: "uncorrected" in labels,
+    "gpu_row_remap_failed": None,
+    "gpu_nvlink_link_down": None,
+}
+
+
+def sample_filter(profile: str) -> Callable[[Sample], bool] | None:
+    """Whether a collector's sample is exported under `profile` (None: every sample is)."""
+    if profile == "full":
+        return None
+    if profile == "default":
+        return lambda sample: sample.family not in DEFAULT_LEFT_OUT
+    if profile == "minimal":
+        node_families = {
+            family.name
+            for spec in REGISTRY.values()
+            for family in spec.families
+            if not family.per_gpu
+        }
+
+        def minimal(sample: Sample) -> bool:
+            if sample.family not in MINIMAL:
+                return sample.family in node_families
+            keep = MINIMAL[sample.family]
+            return keep is None or keep(sample.labels)
+
+        return minimal
+    raise ValueError(f"unknown metrics profile {profile!r}: expected one of {', '.join(PROFILES)}")

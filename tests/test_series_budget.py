@@ -1,0 +1,99 @@
+"""The series budget: what each GPU costs a Prometheus, per metrics profile, on every scenario.
+
+Every shipped scenario runs for ten simulated minutes (its faults and events included) with the
+real collectors, and each scrape's series are counted per GPU: every series with a `gpu` label.
+A GPU in MIG mode is as many GPUs to its users as it has GPU instances (each is allocated on its
+own), so its series are counted per GPU instance. docs/fleet.md states the budgets.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+import pytest
+from helpers import Clock, parse_metrics
+from prometheus_client import generate_latest
+
+from exporter import sim
+from exporter.collection import Collection, Snapshot
+from exporter.collectors import REGISTRY
+from exporter.server.http import build_registry
+from exporter.sim.scenario import SCENARIO_DIR
+
+SCENARIOS = sorted(path.stem for path in SCENARIO_DIR.glob("*.yaml"))
+BUDGET = {"default": 80, "minimal": 25}
+
+
+def _scrape(snapshot: Snapshot) -> dict:
+    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+
+
+def series_per_gpu(scenario: str, profile: str) -> dict[tuple[int, str], float]:
+    """(scenario second, GPU) -> series per GPU (per GPU instance in MIG mode), each scrape."""
+    clock = Clock(0)
+    sim.install(scenario, clock=clock, epoch=0, caller="root", sleep=lambda _: None)
+    collection = Collection(
+        dict.fromkeys(REGISTRY, True),
+        timeout=60,
+        slow_interval=20,
+        clock=clock,
+        options={"processes": {"host_pid_namespace": "true"}},
+        profile=profile,
+    )
+    costs = {}
+    try:
+        for t in range(0, 601, 60):
+            clock.now = t
+            samples = _scrape(collection.run_cycle())
+            count: Counter[str] = Counter()
+            instances: dict[str, set[str]] = defaultdict(set)
+            for _, labels in samples:
+                named = dict(labels)
+                if "gpu" in named:
+                    count[named["gpu"]] += 1
+                    if "mig_instance" in named:
+                        instances[named["gpu"]].add(named["mig_instance"])
+            for gpu, n in count.items():
+                costs[(t, gpu)] = n / max(1, len(instances[gpu]))
+    finally:
+        collection.close()
+        sim.uninstall()
+    return costs
+
+
+@pytest.mark.parametrize("profile", sorted(BUDGET))
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_gpu_keeps_to_its_profiles_budget(scenario: str, profile: str) -> None:
+    costs = series_per_gpu(scenario, profile)
+    assert costs, "no GPU was counted"
+    over = {at: cost for at, cost in costs.items() if cost > BUDGET[profile]}
+    assert not over, f"series per GPU over {BUDGET[profile]} at (second, gpu): {over}"
+
+
+def _families(profile: str) -> set[str]:
+    clock = Clock(60)
+    sim.install("h100-nvlink", clock=clock, epoch=0, sleep=lambda _: None)
+    collection = Collection(dict.fromkeys(REGISTRY, True), timeout=60, clock=clock, profile=profile)
+    try:
+        collection.run_cycle()
+        clock.now = 61
+        snapshot = collection.run_cycle()
+    finally:
+        collection.close()
+        sim.uninstall()
+    samples = _scrape(snapshot)
+    return {name for name, labels in samples if dict(labels).get("gpu") == "0"}
+
+
+def test_each_profile_holds_the_last_and_minimal_still_answers_the_questions() -> None:
+    minimal, default, full = (_families(p) for p in ("minimal", "default", "full"))
+    assert minimal < default < full
+    busy = {"gpu_utilization_seconds_total", "gpu_sm_active_seconds_total"}
+    starved = {"gpu_idle_seconds_total", "gpu_processes", "gpu_memory_used_bytes"}
+    hot = {"gpu_temperature_celsius", "gpu_power_usage_watts", "gpu_clock_event_active"}
+    broken = {"gpu_up", "gpuload_gpu_stale", "gpu_ecc_errors_total", "gpu_row_remap_failed"}
+    assert busy | starved | hot | broken <= minimal
+    # NVLink link by link only on request; the last interval's GPM ratios only in full.
+    assert "gpu_nvlink_link_transmit_bytes_total" not in full
+    assert "gpu_nvlink_transmit_bytes_total" in default
+    assert "gpu_sm_active_ratio" in full - default
