@@ -93,7 +93,7 @@ def test_each_profile_holds_the_last_and_minimal_still_answers_the_questions() -
     hot = {"gpu_temperature_celsius", "gpu_power_usage_watts", "gpu_clock_event_active"}
     broken = {"gpu_up", "gpuload_gpu_stale", "gpu_ecc_errors_total", "gpu_row_remap_failed"}
     assert busy | starved | hot | broken <= minimal
-    # NVLink link by link only on request; the last interval's GPM ratios only in full.
+    # NVLink link by link only on request.
     assert "gpu_nvlink_link_transmit_bytes_total" not in full
     assert "gpu_nvlink_transmit_bytes_total" in default
-    assert "gpu_sm_active_ratio" in full - default
+    assert "gpu_bar1_memory_used_bytes" in full - default

@@ -7,8 +7,8 @@ Prometheus's head. A profile says which families (and, for a few, which series) 
     Everything the collectors read, for a few nodes being debugged.
 ``default``
     What a dashboard, an alert or the doctor reads, at most 80 series per GPU (docs/fleet.md).
-    Left out: the last-interval GPM ratios (their ``_seconds_total`` counters give the exact
-    mean over any window), BAR1 memory and free memory (total - used - reserved).
+    Left out: BAR1 memory, free memory (total - used - reserved) and the graphics clock (the SM
+    clock's domain on every datacenter GPU); nothing reads them.
 ``minimal``
     At most 25 series per GPU that still answer "is it busy, is it starved, is it hot, is it
     broken": the utilization, SM and DRAM counters, fully idle time, what holds the GPU,
@@ -25,18 +25,22 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from exporter.collectors.base import REGISTRY, Sample
-from exporter.nvml import GPM_METRICS
 
 PROFILES = ("minimal", "default", "full")
 
-_GPM_RATIOS = frozenset(
-    name for metric in GPM_METRICS for name in (f"gpu_{metric}_ratio", f"gpu_mig_{metric}_ratio")
-)
-DEFAULT_LEFT_OUT = _GPM_RATIOS | {
+DEFAULT_LEFT_OUT = {
     "gpu_bar1_memory_total_bytes",
     "gpu_bar1_memory_used_bytes",
     "gpu_memory_free_bytes",
 }
+_CLOCKS = frozenset({"gpu_clock_hertz", "gpu_clock_max_hertz"})
+
+
+def _default(sample: Sample) -> bool:
+    if sample.family in _CLOCKS:
+        return sample.labels[0] != "graphics"
+    return sample.family not in DEFAULT_LEFT_OUT
+
 
 # The clock events that slow a GPU down; the others (idle, application clocks, sync boost,
 # display clocks) explain a low clock that nobody needs to act on.
@@ -78,7 +82,7 @@ def sample_filter(profile: str) -> Callable[[Sample], bool] | None:
     if profile == "full":
         return None
     if profile == "default":
-        return lambda sample: sample.family not in DEFAULT_LEFT_OUT
+        return _default
     if profile == "minimal":
         node_families = {
             family.name
