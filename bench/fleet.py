@@ -97,19 +97,28 @@ class Prometheus:
         config_file = folder / "prometheus.yml"
         config_file.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         self._log = folder / "prometheus.log"
-        with self._log.open("wb") as log:
-            self.process = subprocess.Popen(
-                [
-                    binary,
-                    f"--config.file={config_file}",
-                    f"--storage.tsdb.path={self.data}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        self._command = [
+            binary,
+            f"--config.file={config_file}",
+            f"--storage.tsdb.path={self.data}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+        ]
+        self.process = self._start()
         self.started = time.monotonic()
         self.started_at = time.time()  # no sample of the fleet is older
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        with self._log.open("ab") as log:
+            return subprocess.Popen(self._command, stdout=log, stderr=subprocess.STDOUT)
+
+    def restart(self) -> None:
+        """Stop and start again on the same data, to read the blocks put there.
+
+        A running Prometheus looks for new blocks once a minute; a starting one reads them all.
+        """
+        self.stop()
+        self.process = self._start()
+        self.wait_ready()
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         """Wait for ``/-/ready``; an error with the log's tail if it exits or never gets there."""
@@ -372,6 +381,7 @@ def _with_history(
         folder=prometheus.folder,
         data=prometheus.data,
     )
+    prometheus.restart()
     first = prometheus.started_at - settings.history
     fleet_history.wait_loaded(
         lambda: prometheus.reading().lowest_timestamp <= first + settings.scrape_interval / 2,

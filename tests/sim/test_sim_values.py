@@ -219,7 +219,7 @@ def test_samples_arrive_six_per_second_after_the_last_seen(clock: ManualClock) -
     _, fresh = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, last)
     assert len(fresh) == 6 and all(s.timeStamp > last for s in fresh)
     _, memory = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, last)
-    assert all(s.sampleValue.uiVal <= 30 for s in memory)
+    assert all(s.sampleValue.uiVal <= 36 for s in memory)  # bursts of 35%, noise 0.5%
 
 
 def test_field_values_report_per_field_status(clock: ManualClock) -> None:
@@ -256,7 +256,7 @@ def test_pcie_throughput_is_in_kibibytes_per_second(clock: ManualClock) -> None:
     install("data-starved", clock=clock)
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-    clock.at(1.0)  # inside the 6 GB/s burst, noise 0.2 GB/s
+    clock.at(0.5)  # inside the 6 GB/s burst of the first second, noise 0.2 GB/s
     rx = pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
     assert rx * 1024 == pytest.approx(6e9, rel=0.05)
 
