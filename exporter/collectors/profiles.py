@@ -7,8 +7,9 @@ Prometheus's head. A profile says which families (and, for a few, which series) 
     Everything the collectors read, for a few nodes being debugged.
 ``default``
     What a dashboard, an alert or the doctor reads, at most 80 series per GPU (docs/fleet.md).
-    Left out: BAR1 memory, free memory (total - used - reserved) and the graphics clock (the SM
-    clock's domain on every datacenter GPU); nothing reads them.
+    Left out: BAR1 memory, free memory (total - used - reserved), reserved memory, the ECC
+    mode and the graphics clock (the SM clock's domain on every datacenter GPU): nothing reads
+    them, and all but BAR1 used never change.
 ``minimal``
     At most 25 series per GPU that still answer "is it busy, is it starved, is it hot, is it
     broken": the utilization, SM and DRAM counters, fully idle time, what holds the GPU,
@@ -32,6 +33,8 @@ DEFAULT_LEFT_OUT = {
     "gpu_bar1_memory_total_bytes",
     "gpu_bar1_memory_used_bytes",
     "gpu_memory_free_bytes",
+    "gpu_memory_reserved_bytes",
+    "gpu_ecc_mode_enabled",
 }
 _CLOCKS = frozenset({"gpu_clock_hertz", "gpu_clock_max_hertz"})
 
