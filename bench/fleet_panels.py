@@ -18,9 +18,9 @@ from exporter.dashboards import fleet
 
 # Grafana's maxDataPoints defaults to the panel's width in pixels: about 1,000 on a wide screen.
 MAX_DATA_POINTS = 1000
-# The exporter's own families (gpu_*, gpuload_*), and the recorded ones (`gpu:metric:operation`).
+# The exporter's own families (gpu_*, gpuload_*), and the recorded ones (`gpu:...`, `node:...`).
 _RAW_FAMILY = re.compile(r"(?<![\w:])gpu(?:load)?_\w+(?![\w:])")
-_RECORDED = re.compile(r"(?<![\w:])gpu:[\w:]+")
+_RECORDED = re.compile(r"(?<![\w:])(?:gpu|node):[\w:]+")
 
 
 @dataclass(frozen=True)

@@ -43,12 +43,19 @@ def test_every_threshold_reaches_the_rules() -> None:
     document = yaml.safe_load(thresholds.DEFAULT_PATH.read_text(encoding="utf-8"))
     document["alerts"]["GPUUtilizationLow"]["below"] = 0.25
     document["alerts"]["GPUUtilizationHigh"]["for"] = "7m"
+    document["alerts"]["GPUDataLoaderStarved"]["idle_above"] = 0.35
     document["runbook_base_url"] = "https://example.org/runbooks.md"
-    changed = render.render(thresholds.parse(document))["gpuload-alerts.rules.yml"]
+    rendered = render.render(thresholds.parse(document))
+    changed = rendered["gpuload-alerts.rules.yml"]
     assert changed != baseline["gpuload-alerts.rules.yml"]
-    assert "gpu:gpu_utilization_ratio:avg5m < 0.25" in changed
+    assert "gpu:gpu_utilization_seconds:rate5m < 0.25" in changed
+    assert "gpu:gpu_idle_seconds:rate5m > 0.35" in changed
     assert "for: 7m" in changed
     assert "https://example.org/runbooks.md#gpuutilizationlow" in changed
+    # The bottleneck class and the fleet states reuse the alerts' thresholds.
+    recording = rendered["gpuload-recording.rules.yml"]
+    assert "gpu:gpu_idle_seconds:rate5m > 0.35" in recording
+    assert "gpu:gpu_busy:ratio5m < 0.25" in recording
 
 
 def test_every_alert_has_severity_and_annotations() -> None:

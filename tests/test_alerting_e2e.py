@@ -2,10 +2,11 @@
 
 Three simulated nodes are scraped by one Prometheus every second: `data-starved` must raise
 GPUUtilizationLow (and GPUDataLoaderStarved), `saturated` GPUUtilizationHigh, and the healthy
-`training` node nothing at all. Prometheus loads a test copy of the shipped rule files in which
-only the `for:` durations are divided by 30 (5m -> 10s); thresholds and range windows are as
-shipped, and the test proves the copy differs in nothing else. Alertmanager routes the alerts to a
-webhook receiver running in this test.
+`training` node nothing at all. Prometheus loads a test copy of the rule files rendered from the
+shipped thresholds with two changes: the averaging window is 30s instead of 5m (the rules record a
+window's rate once a node has been scraped for a whole window), and the `for:` durations are
+divided by 30 (5m -> 10s); the test proves the copy differs in nothing else. Alertmanager routes
+the alerts to a webhook receiver running in this test.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ import requests
 import yaml
 from helpers import Daemon, parse_metrics, series, wait_until
 
-from exporter.alerting import thresholds
+from exporter.alerting import rules, thresholds
 from exporter.alerting.thresholds import duration_seconds
 
 PROMETHEUS = shutil.which("prometheus")
@@ -42,6 +43,10 @@ pytestmark = pytest.mark.skipif(
 
 # `for:` durations in the test copy are the shipped ones divided by this.
 SPEEDUP = 30
+# The averaging window of the test copy: one period of `training`'s saw, a tenth of the shipped.
+WINDOW = "30s"
+TEST_THRESHOLDS = replace(thresholds.load(), window=WINDOW)
+AVERAGE = rules.recording_names(TEST_THRESHOLDS)["avg"]
 # The healthy `training` scenario saws with a 30 s period: 27 s near 96%, then a 3 s dip to 72%
 # (93.6% on average). A window that holds less than one period can read above 95%, which a 5 m
 # window never does. So Prometheus is given the node (file_sd, applied as the file changes) a few
@@ -133,13 +138,16 @@ def processes() -> Iterator[Callable[..., subprocess.Popen[str]]]:
 
 
 def write_rules(folder: Path) -> list[Path]:
-    """Write the test copy of the shipped rule files; prove it differs only in `for:`."""
+    """Write the test copy of the shipped rule files; prove it differs only in window and `for:`."""
     folder.mkdir()
     written = []
+    copies = rules.rule_files(TEST_THRESHOLDS)
     for shipped in sorted(thresholds.RULES_DIR.glob("*.rules.yml")):
         original = yaml.safe_load(shipped.read_text(encoding="utf-8"))
-        fast = shortened(original)
-        assert without_for(fast) == without_for(original)
+        # The shipped file is what its thresholds render: the copy is rendered the same way.
+        assert original == rules.rule_files(thresholds.load())[shipped.name]
+        fast = shortened(copies[shipped.name])
+        assert without_for(fast) == without_for(copies[shipped.name])
         assert fast != original or "alerts" not in shipped.name
         target = folder / shipped.name
         target.write_text(yaml.safe_dump(fast, sort_keys=False), encoding="utf-8")
@@ -320,7 +328,9 @@ def test_starved_and_saturated_nodes_alert_and_healthy_training_stays_quiet(
             and received(receiver, "GPUUtilizationHigh", targets["saturated"])
         )
 
-    wait_until(arrived, timeout=60, what="the starved and saturated alerts at the receiver")
+    # The window rates are recorded once a node has been scraped for a whole window (30 s), and
+    # the shortened `for:` is 10 s.
+    wait_until(arrived, timeout=150, what="the starved and saturated alerts at the receiver")
 
     low = thresholds.load().alert("GPUUtilizationLow").number("below") * 100
     high = thresholds.load().alert("GPUUtilizationHigh").number("above") * 100
@@ -334,8 +344,8 @@ def test_starved_and_saturated_nodes_alert_and_healthy_training_stays_quiet(
             uuids=starved_uuids,
             summary="A GPU in use is mostly idle",
             description=(
-                r"{where} has work on it but averaged {value} utilization over the last 5m,"
-                r" below 30%: it waits on something other than its own compute\."
+                rf"{{where}} has work on it but averaged {{value}} utilization over the last"
+                rf" {WINDOW}, below 30%: it waits on something other than its own compute\."
             ),
         )
         assert 0 < value < low
@@ -348,8 +358,9 @@ def test_starved_and_saturated_nodes_alert_and_healthy_training_stays_quiet(
             uuids=starved_uuids,
             summary="A GPU keeps waiting for its input",
             description=(
-                r"{where} swung between near idle \(below 10%\) and busy \(above 40%\) over the"
-                r" last 5m, averaging {value}: the input pipeline does not keep up\."
+                rf"{{where}} averaged {{value}} utilization over the last {WINDOW} and sat fully"
+                r" idle, no kernel running, more than 20% of it: it finishes each batch and waits"
+                r" for the next one, the input pipeline does not keep up\."
             ),
         )
     saturated_uuids = gpu_uuids(saturated)
@@ -362,7 +373,7 @@ def test_starved_and_saturated_nodes_alert_and_healthy_training_stays_quiet(
             uuids=saturated_uuids,
             summary="A GPU is saturated",
             description=(
-                r"{where} averaged {value} utilization over the last 5m, above 95%:"
+                rf"{{where}} averaged {{value}} utilization over the last {WINDOW}, above 95%:"
                 r" it has no headroom left\."
             ),
         )
@@ -378,9 +389,7 @@ def test_starved_and_saturated_nodes_alert_and_healthy_training_stays_quiet(
     def evaluations() -> list[float]:
         result = requests.get(
             prometheus + "/api/v1/query",
-            params={
-                "query": 'count_over_time(gpu:gpu_utilization_ratio:avg5m{scenario="training"}[5m])'
-            },
+            params={"query": f'count_over_time({AVERAGE}{{scenario="training"}}[5m])'},
             timeout=5,
         ).json()["data"]["result"]
         return [float(sample["value"][1]) for sample in result]

@@ -9,6 +9,7 @@ own), so its series are counted per GPU instance. docs/fleet.md states the budge
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import pytest
 from helpers import Clock, parse_metrics
@@ -28,7 +29,7 @@ def _scrape(snapshot: Snapshot) -> dict:
     return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
 
 
-def series_per_gpu(scenario: str, profile: str) -> dict[tuple[int, str], float]:
+def series_per_gpu(scenario: str | Path, profile: str) -> dict[tuple[int, str], float]:
     """(scenario second, GPU) -> series per GPU (per GPU instance in MIG mode), each scrape."""
     clock = Clock(0)
     sim.install(scenario, clock=clock, epoch=0, caller="root", sleep=lambda _: None)
@@ -70,6 +71,30 @@ def test_every_gpu_keeps_to_its_profiles_budget(scenario: str, profile: str) -> 
     assert not over, f"series per GPU over {BUDGET[profile]} at (second, gpu): {over}"
 
 
+# A busy inference node: a dozen processes on each GPU, more than `collectors.processes.top`, on
+# the scenario with the most series per GPU (an H100 SXM with NVLink, GPM and every sensor).
+MANY_PROCESSES = """
+driver: {version: "550.90.07", cuda_version: 12040}
+gpus:
+  - model: h100-sxm
+    count: 2
+phases:
+  - duration: 1h
+    utilization: 0.6
+    processes:
+      - {name: python serve.py, memory: 20GiB}
+      - {name: python worker.py, memory: 2GiB, count: 11}
+"""
+
+
+@pytest.mark.parametrize("profile", sorted(BUDGET))
+def test_the_budget_holds_with_more_processes_than_are_shown(tmp_path: Path, profile: str) -> None:
+    scenario = tmp_path / "many-processes.yaml"
+    scenario.write_text(MANY_PROCESSES)
+    costs = series_per_gpu(scenario, profile)
+    assert max(costs.values()) <= BUDGET[profile], costs
+
+
 def _families(profile: str) -> set[str]:
     clock = Clock(60)
     sim.install("h100-nvlink", clock=clock, epoch=0, sleep=lambda _: None)
@@ -97,3 +122,6 @@ def test_each_profile_holds_the_last_and_minimal_still_answers_the_questions() -
     assert "gpu_nvlink_link_transmit_bytes_total" not in full
     assert "gpu_nvlink_transmit_bytes_total" in default
     assert "gpu_bar1_memory_used_bytes" in full - default
+    # The last interval's GPM ratios only in full: their counters are what is read.
+    assert "gpu_sm_active_ratio" in full - default
+    assert "gpu_sm_active_seconds_total" in default

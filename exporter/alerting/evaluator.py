@@ -52,9 +52,11 @@ FAMILIES = frozenset(
         "gpu_processes",
         "gpu_memory_used_bytes",
         "gpu_memory_total_bytes",
-        "gpu_utilization_ratio",
-        "gpu_dram_active_ratio",
-        *(f"gpu_{pipe}_active_ratio" for pipe in rules.COMPUTE_PIPES),
+        "gpu_mig_memory_used_bytes",
+        "gpu_utilization_seconds_total",
+        "gpu_idle_seconds_total",
+        "gpu_dram_active_seconds_total",
+        *(f"gpu_{pipe}_active_seconds_total" for pipe in rules.COMPUTE_PIPES),
         "gpu_pod_info",
         "gpu_clock_event_active",
         "gpu_temperature_celsius",
@@ -177,6 +179,23 @@ def compare(
 
 def increase(points: list[Point], start: float, end: float) -> float | None:
     """Prometheus's ``increase()`` of a counter's samples in [start, end], extrapolated alike."""
+    return _extrapolated(points, start, end, per_second=False)
+
+
+def rate(points: list[Point], start: float, end: float) -> float | None:
+    """Prometheus's ``rate()`` of a counter's samples in [start, end]: increase per second."""
+    return _extrapolated(points, start, end, per_second=True)
+
+
+def _extrapolated(points: list[Point], start: float, end: float, per_second: bool) -> float | None:
+    """Prometheus 2.x's ``extrapolatedRate``, step for step, so that it rounds alike.
+
+    A value below the previous one is a counter reset (the previous value is added back). The
+    increase from the first to the last sample is extrapolated to each end of the range where a
+    sample is within 1.1 average intervals of it, else by half an interval, and never to before
+    the counter would have been zero. Prometheus scales by one factor (``rate()`` divides it by
+    the range first): 285 * (1 / 300) is 0.9500000000000001, not 285 / 300.
+    """
     if len(points) < 2:
         return None
     first_t, first_v = points[0]
@@ -196,7 +215,10 @@ def increase(points: list[Point], start: float, end: float) -> float | None:
     interval = sampled
     interval += to_start if to_start < threshold else average / 2
     interval += to_end if to_end < threshold else average / 2
-    return result * (interval / sampled)
+    factor = interval / sampled
+    if per_second:
+        factor /= end - start
+    return result * factor
 
 
 class Context:
@@ -213,15 +235,36 @@ class Context:
         """An instant selector ``name{label=~"regex"}`` (values anchored like PromQL's)."""
         return _match(self.history.latest(name), matchers)
 
-    def over_time(self, name: str, pick: Callable[[list[float]], float]) -> Vector:
-        """``pick_over_time(name[window])``; the result drops the metric name like PromQL."""
+    def _in_window(self, name: str) -> dict[Labels, list[Point]]:
+        """``name[window]``, selected once per evaluation: several rules read the same."""
         found = self._windows.get(name)
         if found is None:
             found = self._windows[name] = self.history.points(
                 name, self.now - self.window, self.now
             )
+        return found
+
+    def over_time(self, name: str, pick: Callable[[list[float]], float]) -> Vector:
+        """``pick_over_time(name[window])``; the result drops the metric name like PromQL."""
         value = itemgetter(1)
-        return {labels: pick(list(map(value, points))) for labels, points in found.items()}
+        return {
+            labels: pick(list(map(value, points)))
+            for labels, points in self._in_window(name).items()
+        }
+
+    def rate(self, name: str) -> Vector:
+        """``rate(name[window])``: a counter's per-second increase over the window."""
+        result = {}
+        for labels, points in self._in_window(name).items():
+            value = rate(points, self.now - self.window, self.now)
+            if value is not None:
+                result[labels] = value
+        return result
+
+    def whole_window_rate(self, name: str) -> Vector:
+        """``rate(name[window]) and name offset window`` (rules.whole_window_rate)."""
+        scraped = self.offset(name, self.window)
+        return {labels: v for labels, v in self.rate(name).items() if labels in scraped}
 
     def increase(self, name: str, seconds: float, **matchers: str) -> Vector:
         """``increase(name{...}[seconds])``."""
@@ -255,52 +298,57 @@ def _match(series: Mapping[Labels, T], matchers: Mapping[str, str]) -> dict[Labe
 
 
 def _in_use(ctx: Context, t: Thresholds) -> set[Labels]:
-    # group without () (gpu_processes > 0 or gpu_memory_used_bytes > floor)
+    """gpu:gpu_in_use:group: a process, or memory above the floor (of the GPU or a MIG instance).
+
+    group without () (gpu_processes > 0 or gpu_memory_used_bytes > floor
+    or group without (mig_instance, mig_profile) (gpu_mig_memory_used_bytes > floor))
+    """
+    floor = t.in_use_memory_floor_bytes
     processes = where(ctx.latest("gpu_processes"), lambda v: v > 0)
-    memory = where(ctx.latest("gpu_memory_used_bytes"), lambda v: v > t.in_use_memory_floor_bytes)
-    return set(or_(processes, memory))
+    memory = where(ctx.latest("gpu_memory_used_bytes"), lambda v: v > floor)
+    mig = where(ctx.latest("gpu_mig_memory_used_bytes"), lambda v: v > floor)
+    instances = {_without(labels, "mig_instance", "mig_profile"): 1.0 for labels in mig}
+    return set(or_(or_(processes, memory), instances))
 
 
 def _avg(ctx: Context) -> Vector:
-    return ctx.over_time("gpu_utilization_ratio", lambda v: sum(v) / len(v))
+    """gpu:gpu_utilization_seconds:rate5m, the mean utilization over the window."""
+    return ctx.whole_window_rate("gpu_utilization_seconds_total")
 
 
 def utilization_low(ctx: Context, t: Thresholds) -> Vector:
-    """avg5m < below and on (GPU) in_use."""
+    """rate5m < below and on (GPU) in_use."""
     below = t.alert("GPUUtilizationLow").number("below")
     return and_on(where(_avg(ctx), lambda v: v < below), _in_use(ctx, t), GPU_KEYS)
 
 
 def utilization_high(ctx: Context, t: Thresholds) -> Vector:
-    """avg5m > above."""
+    """rate5m > above."""
     above = t.alert("GPUUtilizationHigh").number("above")
     return where(_avg(ctx), lambda v: v > above)
 
 
 def data_loader_starved(ctx: Context, t: Thresholds) -> Vector:
-    """avg5m < average_below and min5m < trough_below and max5m > peak_above and in_use."""
+    """rate5m < average_below > 0 and on (GPU) idle5m > idle_above and on (GPU) in_use."""
     a = t.alert("GPUDataLoaderStarved")
-    low = ctx.over_time("gpu_utilization_ratio", min)
-    high = ctx.over_time("gpu_utilization_ratio", max)
-    result = where(_avg(ctx), lambda v: v < a.number("average_below"))
-    result = and_on(result, where(low, lambda v: v < a.number("trough_below")), GPU_KEYS)
-    result = and_on(result, where(high, lambda v: v > a.number("peak_above")), GPU_KEYS)
+    result = where(_avg(ctx), lambda v: 0 < v < a.number("average_below"))
+    idle = where(
+        ctx.whole_window_rate("gpu_idle_seconds_total"), lambda v: v > a.number("idle_above")
+    )
+    result = and_on(result, idle, GPU_KEYS)
     return and_on(result, _in_use(ctx, t), GPU_KEYS)
 
 
 def memory_bandwidth_bound(ctx: Context, t: Thresholds) -> Vector:
-    """GPM: dram avg5m > dram_active_above and on (GPU) max(pipe avg5m) < compute_pipes_below."""
+    """GPM: dram rate5m > dram_active_above and on (GPU) max(pipe rate5m) < compute_pipes_below."""
     a = t.alert("GPUMemoryBandwidthBound")
-
-    def mean(values: list[float]) -> float:
-        return sum(values) / len(values)
-
     dram = where(
-        ctx.over_time("gpu_dram_active_ratio", mean), lambda v: v > a.number("dram_active_above")
+        ctx.whole_window_rate("gpu_dram_active_seconds_total"),
+        lambda v: v > a.number("dram_active_above"),
     )
     pipes: Vector = {}
     for pipe in rules.COMPUTE_PIPES:
-        for labels, value in ctx.over_time(f"gpu_{pipe}_active_ratio", mean).items():
+        for labels, value in ctx.whole_window_rate(f"gpu_{pipe}_active_seconds_total").items():
             pipes[labels] = max(value, pipes.get(labels, value))
     busiest = where(pipes, lambda v: v < a.number("compute_pipes_below"))
     return and_on(dram, busiest, GPU_KEYS)
@@ -318,7 +366,7 @@ def memory_nearly_full(ctx: Context, t: Thresholds) -> Vector:
 
 
 def load_imbalance(ctx: Context, t: Thresholds) -> Vector:
-    """Spread: max by (node) (avg5m and in_use) - min by (node) (...) > spread_above."""
+    """Spread: max by (node) (rate5m and in_use) - min by (node) (...) > spread_above."""
     spread = t.alert("GPULoadImbalance").number("spread_above")
     in_use = and_on(_avg(ctx), _in_use(ctx, t), GPU_KEYS)
     highest = aggregate_by(in_use, NODE_KEYS, max)
@@ -327,7 +375,7 @@ def load_imbalance(ctx: Context, t: Thresholds) -> Vector:
 
 
 def idle_allocated(ctx: Context, t: Thresholds) -> Vector:
-    """gpu_pod_info{mig_instance=""} * on (GPU) group_left () (avg5m < below)."""
+    """gpu_pod_info{mig_instance=""} * on (GPU) group_left () (rate5m < below)."""
     below = t.alert("GPUIdleAllocated").number("below")
     idle = {
         _project(labels, GPU_KEYS): value
@@ -376,7 +424,7 @@ def temperature_high(ctx: Context, t: Thresholds) -> Vector:
 
 
 def pcie_link_degraded(ctx: Context, t: Thresholds) -> Vector:
-    """2^(gen - max gen) * width / max width < 1 and on (GPU) avg5m > busy_above."""
+    """2^(gen - max gen) * width / max width < 1 and on (GPU) rate5m > busy_above."""
     busy = t.alert("GPUPCIeLinkDegraded").number("busy_above")
     generations = binary(
         ctx.latest("gpu_pcie_link_generation"),
@@ -542,9 +590,10 @@ def history_horizon(thresholds: Thresholds, keep: float = 60.0) -> Callable[[str
     xid = duration_seconds(thresholds.alert("GPUXidError").duration("window")) + LOOKBACK_SECONDS
     ecc = float(duration_seconds(thresholds.alert("GPUECCUncorrectable").duration("window")))
     windowed = {
-        "gpu_utilization_ratio",
+        "gpu_utilization_seconds_total",
+        "gpu_idle_seconds_total",
         "gpu_clock_event_active",
-        *(f"gpu_{ratio}_ratio" for ratio in rules.GPM_RATIOS),
+        *(f"gpu_{ratio}_seconds_total" for ratio in rules.GPM_RATIOS),
     }
 
     def horizon(name: str) -> float:
@@ -553,7 +602,8 @@ def history_horizon(thresholds: Thresholds, keep: float = 60.0) -> Callable[[str
         if name == "gpu_ecc_errors_total":
             return max(ecc, keep)
         if name in windowed:
-            return max(window, keep)
+            # The window, and a sample from before it: rates need a whole window scraped.
+            return window + keep
         return keep
 
     return horizon

@@ -1,14 +1,14 @@
 """A short, bounded in-memory history of the exporter's own samples.
 
 The local evaluator needs what Prometheus would hold: the latest value of every series, a
-window of samples for the ``*_over_time`` families, an hour of the XID and ECC counters for
-``increase()``. The doctor and the status page read the last seconds of every series. Each series
-keeps samples for its family's horizon only, at most ``POINTS`` of them: when samples come faster
-than ``horizon / POINTS`` apart the newest replaces the previous one, so memory stays bounded
-whatever the collection interval. A history built with ``keep`` holds only those metric names
-(what its readers ask for: most of a node's series, NVLink's per link for one, are never read
-here) and refuses to answer for any other, so that a reader asking for a name it did not declare
-fails at once instead of seeing nothing.
+window of samples for ``rate()`` of the counters of seconds and ``avg_over_time`` of the clock
+events, an hour of the XID and ECC counters for ``increase()``. The doctor and the status page
+read the last seconds of every series. Each series keeps samples for its family's horizon only,
+at most ``POINTS`` of them: when samples come faster than ``horizon / POINTS`` apart the newest
+replaces the previous one, so memory stays bounded whatever the collection interval. A history
+built with ``keep`` holds only those metric names (what its readers ask for: most of a node's
+series, NVLink's per link for one, are never read here) and refuses to answer for any other, so
+that a reader asking for a name it did not declare fails at once instead of seeing nothing.
 """
 
 from __future__ import annotations

@@ -1,15 +1,21 @@
 """gpuload's Prometheus rules, built from the thresholds.
 
-Two rule files: recording rules (``level:metric:operations``) that smooth the per-second readings
-over the shared window, then the alerts, in three groups (utilization, health, the exporter).
-Every alert carries ``severity`` and the annotations ``summary``, ``description`` (the GPU, the
-instance, the node when the chart's relabelling adds one, and the measured value) and
+Two rule files: recording rules (``level:metric:operations``), then the alerts, in three groups
+(utilization, health, the exporter). The recording rules come in two groups: ``gpuload.recording``
+turns the exporter's counters of seconds into means over the shared window (``rate()`` of
+``gpu_utilization_seconds_total`` is the exact mean utilization over the window at any scrape
+interval, where a gauge of the last second keeps 1 s of every scrape) and classifies what limits
+each in-use GPU; ``gpuload.fleet`` gives every GPU one state and sums them per node, for the fleet
+dashboard. Every alert carries ``severity`` and the annotations ``summary``, ``description`` (the
+GPU, the instance, the node when the chart's relabelling adds one, and the measured value) and
 ``runbook_url``.
 
 Optional families are handled where a fallback exists: "in use" is a process *or* memory above
-the floor; the slowdown threshold falls back to a fixed temperature; a pending page retirement
-stands in for a pending row remap on pre-Ampere GPUs. ``GPUMemoryBandwidthBound`` needs the GPM
-profiling families (Hopper and newer) and has no fallback.
+the floor (of the GPU or of one of its MIG instances); the slowdown threshold falls back to a fixed
+temperature; a pending page retirement stands in for a pending row remap on pre-Ampere GPUs; the
+NVLink rules read the per-GPU totals and also an older gpuload's per-link series.
+``GPUMemoryBandwidthBound`` needs the GPM profiling families (Hopper and newer) and has no
+fallback.
 """
 
 from __future__ import annotations
@@ -31,8 +37,8 @@ WHERE = (
 )
 INSTANCE = "{{ $labels.instance }}{{ with $labels.node }} (node {{ . }}){{ end }}"
 
-# The GPM profiling ratios that get a windowed average; the pipes are the arithmetic units whose
-# busiest one tells compute-bound from memory-bound work.
+# The GPM profiling metrics whose counters of seconds get a windowed rate; the pipes are the
+# arithmetic units whose busiest one tells compute-bound from memory-bound work.
 GPM_RATIOS = (
     "sm_active",
     "sm_occupancy",
@@ -44,6 +50,8 @@ GPM_RATIOS = (
     "integer_active",
 )
 COMPUTE_PIPES = ("tensor", "fp16", "fp32", "fp64")
+# The states of gpu:gpu_state:5m, the fleet dashboard's partition of the GPUs.
+STATES = ("idle", "underutilized", "healthy", "saturated", "lost", "unmeasured")
 
 Rule = dict[str, Any]
 
@@ -51,7 +59,9 @@ Rule = dict[str, Any]
 def rule_files(thresholds: Thresholds) -> dict[str, dict[str, Any]]:
     """Return the rule files' contents by file name, ready to dump as YAML."""
     return {
-        "gpuload-recording.rules.yml": {"groups": [recording_group(thresholds)]},
+        "gpuload-recording.rules.yml": {
+            "groups": [recording_group(thresholds), fleet_group(thresholds)]
+        },
         "gpuload-alerts.rules.yml": {
             "groups": [
                 {"name": "gpuload.utilization", "rules": utilization_alerts(thresholds)},
@@ -62,23 +72,49 @@ def rule_files(thresholds: Thresholds) -> dict[str, dict[str, Any]]:
     }
 
 
+def group_names(thresholds: Thresholds) -> list[str]:
+    """Every rule group, recording groups first: the order one evaluation step settles them in."""
+    documents = rule_files(thresholds).values()
+    return [group["name"] for document in documents for group in document["groups"]]
+
+
 def recording_names(thresholds: Thresholds) -> dict[str, str]:
-    """Return the recorded series' names by role (they carry the window, e.g. ``avg5m``)."""
+    """Return the recorded series' names by role (they carry the window, e.g. ``rate5m``).
+
+    ``avg`` is the mean utilization over the window, ``idle`` the fraction of it the GPU sat
+    fully idle; each GPM metric's role is its own name (``dram_active``).
+    """
     w = thresholds.window
     return {
-        "avg": f"gpu:gpu_utilization_ratio:avg{w}",
-        "min": f"gpu:gpu_utilization_ratio:min{w}",
-        "max": f"gpu:gpu_utilization_ratio:max{w}",
+        "avg": f"gpu:gpu_utilization_seconds:rate{w}",
+        "avg1m": "gpu:gpu_utilization_seconds:rate1m",
+        "idle": f"gpu:gpu_idle_seconds:rate{w}",
         "in_use": "gpu:gpu_in_use:group",
         "memory_used": "gpu:gpu_memory_used:ratio",
         "clock_events": f"gpu:gpu_clock_event_active:avg{w}",
-        "pipes": f"gpu:gpu_compute_pipe_active_ratio:max_avg{w}",
-        **{ratio: f"gpu:gpu_{ratio}_ratio:avg{w}" for ratio in GPM_RATIOS},
+        "pipes": f"gpu:gpu_compute_pipe_active_seconds:max_rate{w}",
+        **{ratio: f"gpu:gpu_{ratio}_seconds:rate{w}" for ratio in GPM_RATIOS},
         "pcie_capacity": "gpu:gpu_pcie_link_capacity_bytes:per_second",
         "pcie_busy": f"gpu:gpu_pcie_link_busy:ratio_rate{w}",
         "nvlink_busy": f"gpu:gpu_nvlink_busy:ratio_rate{w}",
         "bottleneck": f"gpu:gpu_bottleneck:class{w}",
+        "busy": f"gpu:gpu_busy:ratio{w}",
+        "state": f"gpu:gpu_state:{w}",
+        "node_states": "node:gpu_state:count",
+        "node_busy": f"node:gpu_busy:avg{w}",
+        "node_power": "node:gpu_power_usage_watts:sum",
+        "node_power_limit": "node:gpu_power_limit_watts:sum",
     }
+
+
+def whole_window_rate(counter: str, window: str) -> str:
+    """``rate(counter[window])`` where the counter was scraped a whole window ago, else nothing.
+
+    A counter first scraped less than a window ago (a new node, a restarted exporter) covers only
+    part of the window, and ``rate()`` divides its increase by the whole window: a busy GPU
+    would read 20% one minute into a 5m window and raise GPUUtilizationLow on every new node.
+    """
+    return f"rate({counter}[{window}])\nand\n{counter} offset {window}"
 
 
 def recording_group(thresholds: Thresholds) -> dict[str, Any]:
@@ -88,18 +124,28 @@ def recording_group(thresholds: Thresholds) -> dict[str, Any]:
     floor = thresholds.in_use_memory_floor_bytes
     pipes = "|".join(COMPUTE_PIPES)
     rules: list[Rule] = [
-        {"record": names["avg"], "expr": f"avg_over_time(gpu_utilization_ratio[{w}])"},
-        {"record": names["min"], "expr": f"min_over_time(gpu_utilization_ratio[{w}])"},
-        {"record": names["max"], "expr": f"max_over_time(gpu_utilization_ratio[{w}])"},
+        {"record": names["avg1m"], "expr": "rate(gpu_utilization_seconds_total[1m])"},
+        {"record": names["avg"], "expr": whole_window_rate("gpu_utilization_seconds_total", w)},
         {
-            # 1 for every GPU that has a process or holds memory above the floor. gpu_processes
-            # may be absent (older gpuload, collector off): memory alone still decides.
+            # The fraction of the window in which the GPU ran no kernel at all.
+            "record": names["idle"],
+            "expr": whole_window_rate("gpu_idle_seconds_total", w),
+        },
+        {
+            # 1 for every GPU that has a process or holds memory above the floor, itself or in
+            # one of its MIG instances (an unprivileged exporter sees only the instances' memory
+            # on a MIG GPU). gpu_processes may be absent (older gpuload, collector off, no host
+            # PID namespace): memory alone still decides.
             "record": names["in_use"],
             "expr": (
                 "group without () (\n"
                 "  gpu_processes > 0\n"
                 "  or\n"
                 f"  gpu_memory_used_bytes > {floor}\n"
+                "  or\n"
+                "  group without (mig_instance, mig_profile) (\n"
+                f"    gpu_mig_memory_used_bytes > {floor}\n"
+                "  )\n"
                 ")"
             ),
         },
@@ -108,25 +154,91 @@ def recording_group(thresholds: Thresholds) -> dict[str, Any]:
             "expr": "gpu_memory_used_bytes / gpu_memory_total_bytes",
         },
         {
-            # The fraction of the window each clock event reason was active.
+            # The fraction of the window each clock event reason was active (a 0/1 gauge: no
+            # counter of it exists).
             "record": names["clock_events"],
             "expr": f"avg_over_time(gpu_clock_event_active[{w}])",
         },
     ]
     rules += [
-        {"record": names[ratio], "expr": f"avg_over_time(gpu_{ratio}_ratio[{w}])"}
+        {"record": names[ratio], "expr": whole_window_rate(f"gpu_{ratio}_seconds_total", w)}
         for ratio in GPM_RATIOS
     ]
     rules.append(
         {
             # The busiest arithmetic pipe; whichever of them a GPU reports.
             "record": names["pipes"],
-            "expr": f'max without () ({{__name__=~"gpu:gpu_({pipes})_active_ratio:avg{w}"}})',
+            "expr": (f'max without () ({{__name__=~"gpu:gpu_({pipes})_active_seconds:rate{w}"}})'),
         }
     )
     rules += link_rules(thresholds)
     rules += bottleneck_rules(thresholds)
     return {"name": "gpuload.recording", "rules": rules}
+
+
+def fleet_group(thresholds: Thresholds) -> dict[str, Any]:
+    """Return the fleet rules: how busy each GPU is, its one state, and per-node sums.
+
+    ``gpu:gpu_busy:ratio5m`` is the whole-GPU utilization of a GPU; in MIG mode, where NVML has
+    no whole-GPU utilization, the mean SM activity of its MIG instances weighted by their SMs
+    (GPM, Hopper and newer; absent on an A100 in MIG mode), of the instances whose counters have a
+    whole window, like every windowed rate here. ``gpu:gpu_state:5m`` puts every GPU that has
+    ``gpu_up`` in exactly one of :data:`STATES`, with GPUUtilizationLow's and GPUUtilizationHigh's
+    thresholds: one in use without a busy ratio yet (a new node) is unmeasured.
+    """
+    names = recording_names(thresholds)
+    w = thresholds.window
+    low = _num(thresholds.alert("GPUUtilizationLow").number("below"))
+    high = _num(thresholds.alert("GPUUtilizationHigh").number("above"))
+    mig_rate = whole_window_rate("gpu_mig_sm_active_seconds_total", w).replace("\n", "\n    ")
+    mig_active = f"(\n    {mig_rate}\n  )"
+    # The SMs of each GPU instance: the sum over its compute instances.
+    mig_sms = "sum without (mig_compute_instance, mig_profile) (gpu_mig_multiprocessors)"
+    mig = f"{GPU}, mig_instance"
+    busy, in_use, up = names["busy"], names["in_use"], "gpu_up == 1"
+    states = {
+        "lost": "group without () (gpu_up == 0)",
+        # Nothing holds it, and it does not run either (if it does, its busy ratio decides).
+        "idle": f"{up}\nunless on ({GPU}) {in_use}\nunless on ({GPU}) {busy} >= {low}",
+        "unmeasured": f"{up}\nand on ({GPU}) {in_use}\nunless on ({GPU}) {busy}",
+        "underutilized": f"{up}\nand on ({GPU}) {in_use}\nand on ({GPU}) {busy} < {low}",
+        "healthy": f"{up}\nand on ({GPU}) {busy} >= {low} <= {high}",
+        "saturated": f"{up}\nand on ({GPU}) {busy} > {high}",
+    }
+    rules: list[Rule] = [
+        {
+            "record": busy,
+            "expr": (
+                f"sum without (mig_instance, mig_profile) (\n"
+                f"  {mig_active}\n"
+                f"  * on ({mig}) group_left ()\n"
+                f"  {mig_sms}\n"
+                ")\n"
+                "/\n"
+                "sum without (mig_instance, mig_profile) (\n"
+                f"  {mig_sms}\n"
+                f"  and on ({mig}) {mig_active}\n"
+                ")\n"
+                "or\n"
+                f"{names['avg']}\n"
+                f"unless on ({GPU}) gpu_mig_mode_enabled == 1"
+            ),
+        },
+    ]
+    rules += [
+        {"record": names["state"], "expr": states[state], "labels": {"state": state}}
+        for state in ("lost", "idle", "unmeasured", "underutilized", "healthy", "saturated")
+    ]
+    rules += [
+        {
+            "record": names["node_states"],
+            "expr": f"count by ({NODE}, state) ({names['state']})",
+        },
+        {"record": names["node_busy"], "expr": f"avg by ({NODE}) ({busy})"},
+        {"record": names["node_power"], "expr": f"sum by ({NODE}) (gpu_power_usage_watts)"},
+        {"record": names["node_power_limit"], "expr": f"sum by ({NODE}) (gpu_power_limit_watts)"},
+    ]
+    return {"name": "gpuload.fleet", "rules": rules}
 
 
 def link_rules(thresholds: Thresholds) -> list[Rule]:
@@ -161,10 +273,16 @@ def link_rules(thresholds: Thresholds) -> list[Rule]:
         rules.append(
             {
                 # Traffic spreads over the links that are up; a link that is down carries none.
+                # gpuload exports per-GPU totals and the links up; `sum without (link)` and the
+                # count of gpu_nvlink_link_up also read an older gpuload's per-link series.
                 "record": names["nvlink_busy"],
                 "expr": (
                     f"sum without (link) (rate(gpu_nvlink_{counter}_bytes_total[{w}]))\n"
-                    f"/ (count without (link) (gpu_nvlink_link_up == 1) * {nvlink_rate})"
+                    "/ (\n"
+                    "  (gpu_nvlink_links_up > 0\n"
+                    "  or count without (link) (gpu_nvlink_link_up == 1))\n"
+                    f"  * {nvlink_rate}\n"
+                    ")"
                 ),
                 "labels": {"direction": direction},
             }
@@ -186,7 +304,6 @@ def bottleneck_rules(thresholds: Thresholds) -> list[Rule]:
     in_use_avg = f"{names['avg']} {in_use}"
     low = thresholds.alert("GPUUtilizationLow")
     high = thresholds.alert("GPUUtilizationHigh")
-    starved = thresholds.alert("GPUDataLoaderStarved")
     bound = thresholds.alert("GPUMemoryBandwidthBound")
     imbalance = thresholds.alert("GPULoadImbalance")
     thermal = thresholds.alert("GPUThermalThrottling")
@@ -199,14 +316,7 @@ def bottleneck_rules(thresholds: Thresholds) -> list[Rule]:
     # (bottleneck, the alert whose runbook explains it, expression). A later class may exclude an
     # earlier one: the rules of a group run in order, at one evaluation time.
     classes: list[tuple[str, str | None, str]] = [
-        (
-            "input_starved",
-            "GPUDataLoaderStarved",
-            f"{names['avg']} < {_num(starved.number('average_below'))}\n"
-            f"and on ({GPU}) {names['min']} < {_num(starved.number('trough_below'))}\n"
-            f"and on ({GPU}) {names['max']} > {_num(starved.number('peak_above'))}\n"
-            f"{in_use}",
-        ),
+        ("input_starved", "GPUDataLoaderStarved", starved_condition(thresholds)),
         (
             "underutilized",
             "GPUUtilizationLow",
@@ -272,6 +382,22 @@ def bottleneck_rules(thresholds: Thresholds) -> list[Rule]:
     return rules
 
 
+def starved_condition(thresholds: Thresholds) -> str:
+    """GPUDataLoaderStarved's condition, shared by the alert and the bottleneck class.
+
+    In use, a mean utilization below ``average_below`` but above zero (a GPU that ran nothing
+    waits for no batch), and fully idle more than ``idle_above`` of the window: it finishes each
+    batch and waits for the next one, where a steady small workload is never fully idle.
+    """
+    names = recording_names(thresholds)
+    starved = thresholds.alert("GPUDataLoaderStarved")
+    return (
+        f"{names['avg']} < {_num(starved.number('average_below'))} > 0\n"
+        f"and on ({GPU}) {names['idle']} > {_num(starved.number('idle_above'))}\n"
+        f"and on ({GPU}) {names['in_use']}"
+    )
+
+
 def utilization_alerts(thresholds: Thresholds) -> list[Rule]:
     """Return the alerts about how well the GPUs are used: idle, saturated, starved, bound."""
     names = recording_names(thresholds)
@@ -306,16 +432,12 @@ def utilization_alerts(thresholds: Thresholds) -> list[Rule]:
         _alert(
             thresholds,
             "GPUDataLoaderStarved",
-            (
-                f"{names['avg']} < {_num(starved.number('average_below'))}\n"
-                f"and on ({GPU}) {names['min']} < {_num(starved.number('trough_below'))}\n"
-                f"and on ({GPU}) {names['max']} > {_num(starved.number('peak_above'))}\n"
-                f"{in_use}"
-            ),
+            starved_condition(thresholds),
             "A GPU keeps waiting for its input",
-            f"{WHERE} swung between near idle (below {_pct(starved.number('trough_below'))})"
-            f" and busy (above {_pct(starved.number('peak_above'))}) over the last {w},"
-            " averaging {{ $value | humanizePercentage }}: the input pipeline does not keep up.",
+            f"{WHERE} averaged {{{{ $value | humanizePercentage }}}} utilization over the last"
+            f" {w} and sat fully idle, no kernel running, more than"
+            f" {_pct(starved.number('idle_above'))} of it: it finishes each batch and waits for"
+            " the next one, the input pipeline does not keep up.",
         ),
         _alert(
             thresholds,

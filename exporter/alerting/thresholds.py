@@ -31,11 +31,7 @@ SEVERITIES = ("info", "warning", "critical")
 PARAMETERS: Mapping[str, Mapping[str, str]] = {
     "GPUUtilizationLow": {"below": "ratio"},
     "GPUUtilizationHigh": {"above": "ratio"},
-    "GPUDataLoaderStarved": {
-        "trough_below": "ratio",
-        "peak_above": "ratio",
-        "average_below": "ratio",
-    },
+    "GPUDataLoaderStarved": {"average_below": "ratio", "idle_above": "ratio"},
     "GPUMemoryBandwidthBound": {"dram_active_above": "ratio", "compute_pipes_below": "ratio"},
     "GPUMemoryNearlyFull": {"used_above": "ratio"},
     "GPULoadImbalance": {"spread_above": "ratio"},

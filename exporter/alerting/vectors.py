@@ -32,6 +32,7 @@ import yaml
 from exporter.alerting import templates
 from exporter.alerting.evaluator import Evaluator, local_rules
 from exporter.alerting.history import Labels, Sample
+from exporter.alerting.rules import group_names
 from exporter.alerting.thresholds import RULES_DIR, Thresholds, duration_seconds, load
 
 VECTORS_DIR = RULES_DIR / "vectors"
@@ -117,7 +118,12 @@ def expand(values: str) -> list[float | str | None]:
                 continue
             start, sign, step, count = match.groups()
             delta = float(step or 0) * (-1 if sign == "-" else 1)
-            out.extend(float(start) + delta * i for i in range(int(count) + 1))
+            # Added step by step as promtool does, so both see the same floats: a rate at a
+            # threshold must compare alike.
+            value = float(start)
+            for _ in range(int(count) + 1):
+                out.append(value)
+                value += delta
     return out
 
 
@@ -233,12 +239,7 @@ def to_promtool(cases: Sequence[Case], thresholds: Thresholds) -> dict[str, Any]
     return {
         "rule_files": [str(RULES_DIR / name) for name in _rule_files()],
         "evaluation_interval": groups_interval(cases),
-        "group_eval_order": [
-            "gpuload.recording",
-            "gpuload.utilization",
-            "gpuload.health",
-            "gpuload.exporter",
-        ],
+        "group_eval_order": group_names(thresholds),
         "tests": groups,
     }
 

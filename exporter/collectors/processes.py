@@ -71,11 +71,13 @@ FAMILIES = (
 )
 
 
-@register("processes", FAMILIES, options={"top": 8, "host_pid_namespace": "auto"})
+# Four processes per GPU and the rest summed: a series budget (docs/fleet.md) that still shows a
+# training job, its data-loader workers' share, or an inference server and its neighbours.
+@register("processes", FAMILIES, options={"top": 4, "host_pid_namespace": "auto"})
 class ProcessesCollector:
     """Compute processes per GPU, their memory and SM utilization (top N by memory)."""
 
-    def __init__(self, top: int = 8, host_pid_namespace: str = "auto") -> None:
+    def __init__(self, top: int = 4, host_pid_namespace: str = "auto") -> None:
         """``host_pid_namespace``: false says the driver hides the processes from gpuload.
 
         ``gpuload serve`` turns ``auto`` into true or false at start (`resolve_host_pid_namespace`).

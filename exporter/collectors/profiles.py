@@ -7,9 +7,10 @@ Prometheus's head. A profile says which families (and, for a few, which series) 
     Everything the collectors read, for a few nodes being debugged.
 ``default``
     What a dashboard, an alert or the doctor reads, at most 80 series per GPU (docs/fleet.md).
-    Left out: BAR1 memory, free memory (total - used - reserved), reserved memory, the ECC
-    mode and the graphics clock (the SM clock's domain on every datacenter GPU): nothing reads
-    them, and all but BAR1 used never change.
+    Left out: the last interval's GPM ratios (their ``_seconds_total`` counters are what is
+    read: `rate()` of them is the exact mean over any window), BAR1 memory, free memory
+    (total - used - reserved), reserved memory, the ECC mode and the graphics clock (the SM
+    clock's domain on every datacenter GPU): nothing reads them.
 ``minimal``
     At most 25 series per GPU that still answer "is it busy, is it starved, is it hot, is it
     broken": the utilization, SM and DRAM counters, fully idle time, what holds the GPU,
@@ -26,10 +27,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from exporter.collectors.base import REGISTRY, Sample
+from exporter.nvml import GPM_METRICS
 
 PROFILES = ("minimal", "default", "full")
 
-DEFAULT_LEFT_OUT = {
+_GPM_RATIOS = {
+    name for metric in GPM_METRICS for name in (f"gpu_{metric}_ratio", f"gpu_mig_{metric}_ratio")
+}
+DEFAULT_LEFT_OUT = _GPM_RATIOS | {
     "gpu_bar1_memory_total_bytes",
     "gpu_bar1_memory_used_bytes",
     "gpu_memory_free_bytes",

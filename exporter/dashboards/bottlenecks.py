@@ -55,9 +55,9 @@ def _explanation(thresholds: Thresholds) -> str:
         (
             "input_starved",
             "GPUDataLoaderStarved",
-            f"utilization swings between below {percent(starved.number('trough_below'))} and"
-            f" above {percent(starved.number('peak_above'))}, averaging below"
-            f" {percent(starved.number('average_below'))}: the data loader does not keep up",
+            f"in use, averaging below {percent(starved.number('average_below'))} utilization"
+            f" and fully idle more than {percent(starved.number('idle_above'))} of the time:"
+            " it finishes each batch and waits for the next, the data loader does not keep up",
         ),
         (
             "underutilized",
@@ -225,9 +225,7 @@ def build(thresholds: Thresholds) -> Json:
     def runbook(alertname: str) -> list[Json]:
         return [link(f"Runbook: {alertname}", thresholds.runbook_url(alertname))]
 
-    trough = starved.number("trough_below")
-    peak = starved.number("peak_above")
-    average = starved.number("average_below")
+    idle_above = starved.number("idle_above")
     layout.add(
         timeseries(
             f"Utilization ({window} average)",
@@ -240,23 +238,14 @@ def build(thresholds: Thresholds) -> Json:
             links=runbook("GPUUtilizationLow"),
         ),
         timeseries(
-            f"Input: utilization trough and peak ({window})",
-            f"A starved GPU's trough is below {percent(trough)} and its peak above"
-            f" {percent(peak)} while its average stays below {percent(average)} (dashed).",
+            f"Input: time fully idle ({window})",
+            "Fraction of the window in which an in-use GPU ran no kernel at all (NVML samples"
+            f" at 0%): above {percent(idle_above)} (dashed), with a low average, it waits for its"
+            " input between batches.",
             [
-                Query(
-                    scope.in_use(scope.gpus(names["min"])), legend="{{instance}} GPU {{gpu}} min"
-                ),
-                Query(
-                    scope.in_use(scope.gpus(names["max"])), legend="{{instance}} GPU {{gpu}} max"
-                ),
+                Query(scope.in_use(scope.gpus(names["idle"])), legend="{{instance}} GPU {{gpu}}"),
             ],
-            Field(
-                "percentunit",
-                Steps("red", ((trough, "orange"), (peak, "yellow"), (average, "green"))),
-                min=0,
-                max=1,
-            ),
+            Field("percentunit", Steps("green", ((idle_above, "orange"),)), min=0, max=1),
             width=8,
             threshold_lines=True,
             links=runbook("GPUDataLoaderStarved"),

@@ -1,8 +1,12 @@
 """The GPU fleet overview: how the GPUs of every node are used, what is wasted, what is wrong.
 
-GPU states use the alerts' definitions over the recording rules' window: *idle* (not in use),
-*underutilized* (in use, average below GPUUtilizationLow's threshold), *healthy*, *saturated*
-(above GPUUtilizationHigh's) and *lost* (``gpu_up == 0``).
+GPU states are the fleet recording rules' (``gpu:gpu_state:5m``, exporter/alerting/rules.py):
+*idle* (not in use), *underutilized* (average below GPUUtilizationLow's threshold), *healthy*,
+*saturated* (above GPUUtilizationHigh's), *unmeasured* (in use, no utilization: an A100 in MIG
+mode, or a node scraped for less than a window) and *lost* (``gpu_up == 0``). A GPU in MIG mode
+is as busy as its instances' SMs. Every panel reads recorded series: the state counts and power
+per node (``node:*``), so that a fleet of 10,000 GPUs answers from a few series per node; the
+namespace and pod filters apply to the per-GPU panels only.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from exporter.dashboards.grafana import (
     table,
     timeseries,
 )
-from exporter.dashboards.queries import GPU, Scope, number, percent, variables
+from exporter.dashboards.queries import GPU, Scope, percent, variables
 
 UID = "gpuload-fleet"
 NODE_LINK = (
@@ -43,19 +47,15 @@ def utilization_steps(thresholds: Thresholds) -> Steps:
     )
 
 
-def state_queries(thresholds: Thresholds, scope: Scope) -> dict[str, str]:
-    """Return the expression selecting the GPUs in each state, by state name."""
-    names = scope.names
-    low = number(thresholds.alert("GPUUtilizationLow").number("below"))
-    high = number(thresholds.alert("GPUUtilizationHigh").number("above"))
-    average = scope.select(names["avg"])
-    return {
-        "idle": scope.pods(f"{scope.select('gpu_up')} == 1\nunless on ({GPU}) {names['in_use']}"),
-        "underutilized": scope.pods(scope.in_use(f"{average} < {low}")),
-        "healthy": scope.pods(scope.in_use(f"{average} >= {low} <= {high}")),
-        "saturated": scope.pods(f"{average} > {high}"),
-        "lost": scope.pods(f"{scope.select('gpu_up')} == 0"),
-    }
+# State -> its colour, in the order the panels show them.
+STATE_COLOURS = {
+    "idle": "blue",
+    "underutilized": "orange",
+    "healthy": "green",
+    "saturated": "purple",
+    "unmeasured": "text",
+    "lost": "red",
+}
 
 
 def build(thresholds: Thresholds) -> Json:
@@ -65,19 +65,21 @@ def build(thresholds: Thresholds) -> Json:
     low = thresholds.alert("GPUUtilizationLow").number("below")
     high = thresholds.alert("GPUUtilizationHigh").number("above")
     window = thresholds.window
-    states = state_queries(thresholds, scope)
     count = Field("short", Steps("green"), decimals=0)
+    per_node = 'node=~"$node", instance=~"$instance"'
 
     def counted(state: str) -> Query:
-        return Query(f"count(\n{states[state]}\n) or vector(0)", instant=True)
+        selector = f'{names["node_states"]}{{{per_node}, state="{state}"}}'
+        return Query(f"sum({selector}) or vector(0)", instant=True)
 
     layout = Layout()
     layout.add(
         stat(
             "GPUs",
             "GPUs that gpuload reports on the selected nodes (gpu_up, whether reachable or not).",
-            Query(f"count({scope.gpus('gpu_up')}) or vector(0)", instant=True),
+            Query(f"sum({names['node_states']}{{{per_node}}}) or vector(0)", instant=True),
             Field("short", Steps("blue"), decimals=0),
+            width=3,
         ),
         stat(
             "Idle",
@@ -85,6 +87,7 @@ def build(thresholds: Thresholds) -> Json:
             f" ({thresholds.in_use_memory_floor_bytes} bytes): capacity nobody uses.",
             counted("idle"),
             Field("short", Steps("blue"), decimals=0),
+            width=3,
         ),
         stat(
             f"In use, underutilized (< {percent(low)})",
@@ -92,6 +95,7 @@ def build(thresholds: Thresholds) -> Json:
             " (the GPUUtilizationLow condition): the money being wasted.",
             counted("underutilized"),
             Field("short", Steps("green", ((1, "orange"),)), decimals=0),
+            width=4,
         ),
         stat(
             f"Healthy ({percent(low)}-{percent(high)})",
@@ -99,6 +103,7 @@ def build(thresholds: Thresholds) -> Json:
             f" {percent(high)}.",
             counted("healthy"),
             count,
+            width=4,
         ),
         stat(
             f"Saturated (> {percent(high)})",
@@ -106,22 +111,33 @@ def build(thresholds: Thresholds) -> Json:
             " GPUUtilizationHigh condition): no headroom left.",
             counted("saturated"),
             Field("short", Steps("green", ((1, "purple"),)), decimals=0),
+            width=4,
+        ),
+        stat(
+            "In use, unmeasured",
+            "In-use GPUs with no utilization to judge: in MIG mode without GPM (A100), or on a"
+            f" node scraped for less than {window}.",
+            counted("unmeasured"),
+            Field("short", Steps("green", ((1, "text"),)), decimals=0),
+            width=3,
         ),
         stat(
             "Lost (fell off the bus)",
             "GPUs that answer NVML with 'GPU is lost' (gpu_up == 0): they need a reset or service.",
             counted("lost"),
             Field("short", Steps("green", ((1, "red"),)), decimals=0),
+            width=3,
         ),
     )
     layout.add(
         heatmap(
             "Utilization across nodes and GPUs",
-            "One row per GPU (node and NVML index), one column per interval; the colour is the"
-            " average utilization in that interval: red idle, green busy.",
+            "One row per GPU (node and NVML index), one column per interval; the colour is its"
+            f" {window} average utilization (a GPU in MIG mode: its instances' SM activity): red"
+            " idle, green busy.",
             Query(
-                scope.pods(f"avg_over_time({scope.select('gpu_utilization_ratio')}[$__interval])"),
-                legend="{{instance}} GPU {{gpu}}",
+                scope.gpus(names["busy"]),
+                legend="{{node}} {{instance}} GPU {{gpu}}",
             ),
             Field("percentunit", utilization_steps(thresholds), min=0, max=1),
             width=16,
@@ -134,7 +150,8 @@ def build(thresholds: Thresholds) -> Json:
             [
                 Query(
                     scope.pods(
-                        'ALERTS{alertname=~"GPU.*", alertstate="firing", instance=~"$instance"}'
+                        'ALERTS{alertname=~"GPU.*", alertstate="firing", node=~"$node",'
+                        ' instance=~"$instance"}'
                     )
                 )
             ],
@@ -169,17 +186,17 @@ def build(thresholds: Thresholds) -> Json:
             ],
         ),
     )
-    idle_in_use = scope.in_use(f"1 - {scope.select('gpu_utilization_ratio')}")
+    underutilized = scope.gpus(names["state"], 'state="underutilized"')
     layout.add(
         table(
-            "Top underutilized GPUs in use (idle GPU-hours over the range)",
-            "The in-use GPUs that spent the most time idle over the dashboard's time range:"
-            " the sum over the range of (1 - utilization) while in use, in hours. Click a node"
-            " to open its detail.",
+            "Top underutilized GPUs (hours in use below the threshold, over the range)",
+            f"The GPUs that spent the most hours in use below {percent(low)} utilization over"
+            " the dashboard's time range (state underutilized of the fleet rules; only those"
+            " GPUs' series are read). Click a node to open its detail.",
             [
                 Query(
                     "topk(10,\n"
-                    f"  sum_over_time((\n{scope.pods(idle_in_use)}\n  )[$__range:$__interval])\n"
+                    f"  sum_over_time(\n{underutilized}\n  [$__range:$__interval])\n"
                     "  * $__interval_ms / 3600000\n"
                     f"  * on ({GPU}) group_left (name) gpu_info\n)"
                 )
@@ -191,26 +208,26 @@ def build(thresholds: Thresholds) -> Json:
                 "instance": "Node",
                 "gpu": "GPU",
                 "name": "Model",
-                "Value": "Idle GPU-hours",
+                "Value": "Underutilized hours",
             },
-            hidden=("Time", "__name__", "job", "uuid"),
-            sort_by="Idle GPU-hours",
+            hidden=("Time", "__name__", "job", "uuid", "state"),
+            sort_by="Underutilized hours",
             overrides=[
                 override("byName", "Node", {"links": [link("Node detail", NODE_LINK)]}),
                 override(
                     "byName",
-                    "Idle GPU-hours",
+                    "Underutilized hours",
                     {"custom.cellOptions": {"type": "color-background", "mode": "gradient"}},
                 ),
             ],
         ),
         timeseries(
             "Fleet power draw",
-            "Power drawn by the selected GPUs together, against the sum of their enforced power"
-            " limits (dashed).",
+            "Power drawn by the GPUs of the selected nodes together, against the sum of their"
+            " enforced power limits (dashed).",
             [
-                Query(f"sum({scope.gpus('gpu_power_usage_watts')})", legend="draw"),
-                Query(f"sum({scope.gpus('gpu_power_limit_watts')})", legend="limit"),
+                Query(f"sum({names['node_power']}{{{per_node}}})", legend="draw"),
+                Query(f"sum({names['node_power_limit']}{{{per_node}}})", legend="limit"),
             ],
             Field("watt", Steps("green"), min=0),
             width=12,
@@ -221,32 +238,27 @@ def build(thresholds: Thresholds) -> Json:
     layout.add(
         timeseries(
             "GPUs by state",
-            "How many GPUs were idle, underutilized, healthy, saturated or lost over time"
-            f" ({window} averages, as in the counts above).",
-            [Query(f"count(\n{states[state]}\n)", legend=state) for state in states],
+            "How many GPUs were idle, underutilized, healthy, saturated, unmeasured or lost over"
+            f" time ({window} averages, as in the counts above).",
+            [
+                Query(
+                    f"sum by (state) ({names['node_states']}{{{per_node}}})",
+                    legend="{{state}}",
+                )
+            ],
             Field("short", Steps("green"), min=0, decimals=0),
             stacked=True,
             overrides=[
                 override("byName", state, {"color": {"mode": "fixed", "fixedColor": color}})
-                for state, color in (
-                    ("idle", "blue"),
-                    ("underutilized", "orange"),
-                    ("healthy", "green"),
-                    ("saturated", "purple"),
-                    ("lost", "red"),
-                )
+                for state, color in STATE_COLOURS.items()
             ],
         ),
         timeseries(
             f"Average utilization by node ({window})",
-            f"Mean of the {window} average utilization of each node's selected GPUs; the dashed"
-            f" lines are the {percent(low)} and {percent(high)} thresholds of the alerts.",
-            [
-                Query(
-                    f"avg by (instance) (\n{scope.gpus(names['avg'])}\n)",
-                    legend="{{instance}}",
-                )
-            ],
+            f"Mean of the {window} average utilization of each node's GPUs (MIG instances"
+            f" included); the dashed lines are the {percent(low)} and {percent(high)} thresholds"
+            " of the alerts.",
+            [Query(f"{names['node_busy']}{{{per_node}}}", legend="{{node}} {{instance}}")],
             Field("percentunit", utilization_steps(thresholds), min=0, max=1),
             threshold_lines=True,
         ),
@@ -254,8 +266,8 @@ def build(thresholds: Thresholds) -> Json:
     return dashboard(
         UID,
         "GPU fleet overview",
-        "gpuload: how many GPUs are idle, underutilized, healthy, saturated or lost; where the"
-        " idle GPU-hours go; firing GPU alerts; fleet power.",
+        "gpuload: how many GPUs are idle, underutilized, healthy, saturated, unmeasured or lost;"
+        " where the underutilized hours go; firing GPU alerts; fleet power.",
         variables(one_node=False, gpu=False),
         layout,
     )

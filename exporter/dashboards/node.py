@@ -38,6 +38,11 @@ def build(thresholds: Thresholds) -> Json:
     """Return the node detail dashboard."""
     scope = Scope(thresholds, gpu_variable=True)
     names = scope.names
+
+    def rate(metric: str) -> str:
+        """A counter's rate over each point's interval: of seconds, the mean fraction of time."""
+        return scope.pods(f"rate({scope.select(metric)}[$__rate_interval])")
+
     window = thresholds.window
     full = thresholds.alert("GPUMemoryNearlyFull").number("used_above")
     link_busy = thresholds.bottlenecks.link_busy_above
@@ -92,21 +97,31 @@ def build(thresholds: Thresholds) -> Json:
     layout.add(
         timeseries(
             "GPU utilization",
-            "Fraction of time a kernel was running (NVML). It says a kernel ran, not how much"
-            f" of the GPU it used; dashed: the {percent(utilization.steps.steps[0][0])} and"
+            "Fraction of time a kernel was running (NVML), over each point's interval: every"
+            " NVML sample counts (rate of gpu_utilization_seconds_total). It says a kernel ran,"
+            " not how much of the GPU it used; dashed: the"
+            f" {percent(utilization.steps.steps[0][0])} and"
             f" {percent(utilization.steps.steps[1][0])} thresholds.",
-            [Query(scope.gpus("gpu_utilization_ratio"), legend="GPU {{gpu}}")],
+            [Query(rate("gpu_utilization_seconds_total"), legend="GPU {{gpu}}")],
             utilization,
             width=6,
             threshold_lines=True,
         ),
     )
     for title, metric, what in (
-        ("SM active", "gpu_sm_active_ratio", "Fraction of time the SMs had a resident warp."),
-        ("Tensor active", "gpu_tensor_active_ratio", "Fraction of time the tensor cores worked."),
+        (
+            "SM active",
+            "gpu_sm_active_seconds_total",
+            "Fraction of time the SMs had a resident warp.",
+        ),
+        (
+            "Tensor active",
+            "gpu_tensor_active_seconds_total",
+            "Fraction of time the tensor cores worked.",
+        ),
         (
             "DRAM bandwidth used",
-            "gpu_dram_active_ratio",
+            "gpu_dram_active_seconds_total",
             "Memory bandwidth used against peak; high DRAM with low SM means memory-bound.",
         ),
     ):
@@ -114,7 +129,7 @@ def build(thresholds: Thresholds) -> Json:
             timeseries(
                 title,
                 f"{what} {GPM}",
-                [Query(scope.gpus(metric), legend="GPU {{gpu}}")],
+                [Query(rate(metric), legend="GPU {{gpu}}")],
                 RATIO,
                 width=6,
             )
@@ -174,10 +189,6 @@ def build(thresholds: Thresholds) -> Json:
     )
 
     layout.row("PCIe and NVLink")
-    links_up = scope.select("gpu_nvlink_link_up")
-
-    def rate(metric: str) -> str:
-        return scope.pods(f"rate({scope.select(metric)}[$__rate_interval])")
 
     layout.add(
         timeseries(
@@ -244,8 +255,8 @@ def build(thresholds: Thresholds) -> Json:
                 Query(scope.gpus("gpu_pcie_link_max_generation")),
                 Query(scope.gpus("gpu_pcie_link_width")),
                 Query(scope.gpus("gpu_pcie_link_max_width")),
-                Query(f"count without (link) ({scope.pods(links_up + ' == 1')})"),
-                Query(f"count without (link) ({scope.pods(links_up + ' == 0')})"),
+                Query(scope.gpus("gpu_nvlink_links_up")),
+                Query(f"count without (link) ({scope.gpus('gpu_nvlink_link_down')})"),
             ],
             Field("short", Steps("green"), decimals=0),
             width=24,
@@ -460,8 +471,8 @@ def build(thresholds: Thresholds) -> Json:
             [
                 Query(scope.gpus("gpu_mig_memory_used_bytes")),
                 Query(scope.gpus("gpu_mig_memory_total_bytes")),
-                Query(scope.gpus("gpu_mig_sm_active_ratio")),
-                Query(scope.gpus("gpu_mig_tensor_active_ratio")),
+                Query(rate("gpu_mig_sm_active_seconds_total")),
+                Query(rate("gpu_mig_tensor_active_seconds_total")),
             ],
             Field("bytes", Steps("green")),
             width=12,

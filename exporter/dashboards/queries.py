@@ -1,8 +1,9 @@
 """PromQL pieces shared by the dashboards: selectors for the template variables, the pod scope.
 
-The variables are ``$instance`` (node), ``$gpu`` (NVML index) and, for Kubernetes, ``$namespace``
-and ``$pod`` over ``gpu_pod_info{gpu,uuid,pod,namespace,container}``. That family may be absent
-(no Kubernetes, or a gpuload without it): the pod scope then filters nothing.
+The variables are ``$node`` (the ``node`` label the Helm chart's ServiceMonitor sets), ``$instance``
+(the gpuload targets on those nodes), ``$gpu`` (NVML index) and, for Kubernetes, ``$namespace``
+and ``$pod`` over ``gpu_pod_info{gpu,uuid,pod,namespace,container}``. ``gpu_pod_info`` and the
+``node`` label may be absent (no Kubernetes, a bare ``gpuload serve``): "All" then filters nothing.
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ class Scope:
 
     def __init__(self, thresholds: Thresholds, *, gpu_variable: bool) -> None:
         self.names = recording_names(thresholds)
-        matchers = ['instance=~"$instance"']
+        matchers = ['node=~"$node"', 'instance=~"$instance"']
         if gpu_variable:
             matchers.append('gpu=~"$gpu"')
         self.matchers = ", ".join(matchers)
 
     def select(self, metric: str, *extra: str) -> str:
-        """Return ``metric{instance=~"$instance", ...}`` with any extra matchers."""
+        """Return ``metric{node=~"$node", instance=~"$instance", ...}`` with any extra matchers."""
         return f"{metric}{{{', '.join((self.matchers, *extra))}}}"
 
     def pods(self, expr: str) -> str:
@@ -72,12 +73,20 @@ def variables(*, one_node: bool, gpu: bool) -> list[Json]:
     result = [
         datasource_variable(),
         query_variable(
-            "instance",
+            "node",
             "Node",
-            "label_values(gpu_info, instance)",
+            "label_values(gpu_info, node)",
+            multi=not one_node,
+            description="Kubernetes node (the `node` label the ServiceMonitor sets); empty"
+            " without one, which then filters nothing",
+        ),
+        query_variable(
+            "instance",
+            "Exporter",
+            'label_values(gpu_info{node=~"$node"}, instance)',
             multi=not one_node,
             include_all=not one_node,
-            description="gpuload targets (the `instance` label of gpu_info)",
+            description="gpuload targets on the selected node(s) (the `instance` label)",
         ),
     ]
     if gpu:

@@ -51,15 +51,18 @@ FAMILIES = frozenset(
         "gpu_info",
         "gpu_processes",
         "gpu_utilization_ratio",
+        "gpu_utilization_seconds_total",
+        "gpu_idle_seconds_total",
         "gpu_memory_utilization_ratio",
+        "gpu_memory_utilization_seconds_total",
         "gpu_memory_used_bytes",
         "gpu_memory_total_bytes",
         "gpu_clock_event_active",
         "gpu_clock_hertz",
         "gpu_clock_max_hertz",
-        "gpu_sm_active_ratio",
-        "gpu_dram_active_ratio",
-        *(f"gpu_{pipe}_active_ratio" for pipe in rules.COMPUTE_PIPES),
+        "gpu_sm_active_seconds_total",
+        "gpu_dram_active_seconds_total",
+        *(f"gpu_{pipe}_active_seconds_total" for pipe in rules.COMPUTE_PIPES),
         "gpu_temperature_celsius",
         "gpu_temperature_slowdown_threshold_celsius",
         "gpu_power_usage_watts",
@@ -210,15 +213,25 @@ def _gib(value: float | None) -> str:
     return "n/a" if value is None else f"{value / 2**30:.1f} GiB"
 
 
+def _busy(window: Window, name: str, gpu: str) -> float | None:
+    """The mean of a fraction of time over the window, from its counter of seconds.
+
+    The counter's increase over the seconds between its first and last reading: every NVML
+    sample (or GPM interval) in between counts, where a mean of the last-interval ratios
+    counts only the intervals the window happened to read.
+    """
+    rate = _rate(window.of(name, gpu))
+    return None if rate is None else min(rate, 1.0)
+
+
 def figures(window: Window, gpu: str) -> dict[str, float | None]:
     """The evidence figures of one GPU over the window."""
     util = window.of("gpu_utilization_ratio", gpu)
-    values = [v for _t, v in util]
     events = {
         dict(labels)["reason"]: _mean(points)
         for labels, points in window.each("gpu_clock_event_active", gpu).items()
     }
-    pipes = [_mean(window.of(f"gpu_{pipe}_active_ratio", gpu)) for pipe in rules.COMPUTE_PIPES]
+    pipes = [_busy(window, f"gpu_{pipe}_active_seconds_total", gpu) for pipe in rules.COMPUTE_PIPES]
     known_pipes = [p for p in pipes if p is not None]
     sm_clock = _mean(window.of("gpu_clock_hertz", gpu, clock="sm"))
     sm_max = _last(window.of("gpu_clock_max_hertz", gpu, clock="sm"))
@@ -230,15 +243,14 @@ def figures(window: Window, gpu: str) -> dict[str, float | None]:
     return {
         "up": _last(window.of("gpu_up", gpu)),
         "samples": float(len(util)),
-        "utilization_mean": _mean(util),
-        "utilization_min": min(values) if values else None,
-        "utilization_max": max(values) if values else None,
+        "utilization_mean": _busy(window, "gpu_utilization_seconds_total", gpu),
+        "idle_fraction": _busy(window, "gpu_idle_seconds_total", gpu),
         "memory_used_bytes": _last(window.of("gpu_memory_used_bytes", gpu)),
         "memory_total_bytes": _last(window.of("gpu_memory_total_bytes", gpu)),
         "processes": _last(window.of("gpu_processes", gpu)),
-        "memory_utilization_mean": _mean(window.of("gpu_memory_utilization_ratio", gpu)),
-        "dram_active_mean": _mean(window.of("gpu_dram_active_ratio", gpu)),
-        "sm_active_mean": _mean(window.of("gpu_sm_active_ratio", gpu)),
+        "memory_utilization_mean": _busy(window, "gpu_memory_utilization_seconds_total", gpu),
+        "dram_active_mean": _busy(window, "gpu_dram_active_seconds_total", gpu),
+        "sm_active_mean": _busy(window, "gpu_sm_active_seconds_total", gpu),
         "compute_pipe_max_mean": max(known_pipes) if known_pipes else None,
         "thermal_event_ratio": max(
             (events.get(r) or 0.0 for r in ("sw_thermal", "hw_thermal")), default=0.0
@@ -401,24 +413,20 @@ def _bandwidth(t: Thresholds, f: Mapping[str, Any]) -> Finding | None:
 
 
 def _starved(t: Thresholds, f: Mapping[str, Any]) -> Finding | None:
-    mean, low, high = f["utilization_mean"], f["utilization_min"], f["utilization_max"]
-    if mean is None or low is None or high is None:
+    mean, idle = f["utilization_mean"], f["idle_fraction"]
+    if mean is None:
         return None
     s = t.alert("GPUDataLoaderStarved")
     evidence = [
-        f"utilization mean {_pct(mean)}, min {_pct(low)}, max {_pct(high)}",
+        f"utilization mean {_pct(mean)}, fully idle {_pct(idle)} of the time",
         f"{_gib(f['memory_used_bytes'])} held by {f['processes'] or 0:.0f} process(es)",
     ]
-    if (
-        mean < s.number("average_below")
-        and low < s.number("trough_below")
-        and high > s.number("peak_above")
-    ):
+    if 0 < mean < s.number("average_below") and (idle or 0.0) > s.number("idle_above"):
         return _finding(
             t,
             "input-starved",
             "GPUDataLoaderStarved",
-            "swings between idle and busy: waits for its input",
+            "busy in bursts, fully idle in between: waits for its input",
             evidence,
         )
     if mean < t.alert("GPUUtilizationLow").number("below"):
