@@ -50,7 +50,7 @@ class Settings:
     """What to run: the fleet's size, for how long, how often Prometheus scrapes."""
 
     gpus: int = 1024
-    minutes: float = 5.0
+    minutes: float = 7.0
     scenarios: tuple[str, ...] = SCENARIOS
     scrape_interval: int = 15  # seconds; also the rules' evaluation interval
     repeat: int = 5  # times each panel is queried
@@ -459,7 +459,7 @@ def _result(
         targets_up=int(_zero(prometheus.value(f"count(up{{{job}}} == 1)"))),
         head_series=last.head_series,
         scraped_series=prometheus.value(f"sum(scrape_samples_post_metric_relabeling{{{job}}})"),
-        recorded_series=_zero(prometheus.value('count({__name__=~"gpu:.+"})')),
+        recorded_series=_zero(prometheus.value('count({__name__=~"(gpu|node):.+"})')),
         alert_series=_zero(prometheus.value("count(ALERTS)")),
         rss_bytes=last.rss_bytes,
         peak_rss_bytes=max(reading.rss_bytes for reading in readings),
@@ -597,7 +597,12 @@ def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.fleet", description=__doc__)
     parser.add_argument("--gpus", type=int, default=1024, help="fleet size (default 1024)")
     parser.add_argument(
-        "--minutes", type=float, default=5.0, help="how long Prometheus runs (default 5)"
+        "--minutes",
+        type=float,
+        default=7.0,
+        # The rules record a window's (5m) rates once a whole window is scraped: the panels are
+        # timed on two minutes of a fleet whose states are all known.
+        help="how long Prometheus runs (default 7)",
     )
     parser.add_argument(
         "--scenarios",

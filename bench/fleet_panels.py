@@ -123,13 +123,13 @@ def all_values(board: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def variable_queries(board: dict[str, Any]) -> dict[str, tuple[str, str]]:
-    """``label_values(selector, label)`` of each query variable: name -> (selector, label)."""
+def variable_queries(board: dict[str, Any]) -> dict[str, str]:
+    """The PromQL of each ``query_result(...)`` variable, by name."""
     found = {}
     for variable in board["templating"]["list"]:
-        match = re.fullmatch(r"label_values\((.+), (\w+)\)", variable.get("definition", ""))
+        match = re.fullmatch(r"query_result\((.+)\)", variable.get("definition", ""), re.DOTALL)
         if variable["type"] == "query" and match:
-            found[variable["name"]] = (match.group(1), match.group(2))
+            found[variable["name"]] = match.group(1)
     return found
 
 
@@ -142,7 +142,8 @@ def expand(expr: str, variables: dict[str, str], time_range: TimeRange) -> str:
     }
     for name, value in sorted({**builtins, **variables}.items(), key=lambda item: -len(item[0])):
         expr = expr.replace(name, value)
-    if "$" in expr:
+    # `$1` is label_replace's first group (the node key of a series without a node label).
+    if "$" in expr.replace('"$1"', ""):
         raise ValueError(f"a variable is left in {expr!r}")
     return expr
 

@@ -89,7 +89,10 @@ def summary_table(result: FleetResult) -> str:
         ("head series", f"{result.head_series:,.0f}"),
         ("head series per GPU", f"{result.head_series * per_gpu:.1f}"),
         ("- scraped from gpuload, per GPU", f"{result.scraped_series * per_gpu:.1f}"),
-        ("- recorded by the rules (gpu:*), per GPU", f"{result.recorded_series * per_gpu:.1f}"),
+        (
+            "- recorded by the rules (gpu:*, node:*), per GPU",
+            f"{result.recorded_series * per_gpu:.1f}",
+        ),
         ("- ALERTS, per GPU", f"{result.alert_series * per_gpu:.2f}"),
         ("- Prometheus's own per target (up, scrape_*), per GPU", f"{targets * per_gpu:.2f}"),
         ("Prometheus RSS", f"{result.rss_bytes / mib:,.0f} MiB"),

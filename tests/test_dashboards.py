@@ -83,18 +83,41 @@ def test_dashboard_is_modern_grafana_json(path: Path) -> None:
     assert "gpuload" in board["tags"]
     names = [variable["name"] for variable in board["templating"]["list"]]
     assert names[0] == "datasource"
-    assert {"instance", "namespace", "pod"} <= set(names)
+    assert names[1] == "node"
+    # The fleet reads no per-GPU series as scraped, gpu_pod_info included: no pod scope.
+    assert {"namespace", "pod"} <= set(names) or board["uid"] == "gpuload-fleet"
     datasource = board["templating"]["list"][0]
     assert (datasource["type"], datasource["query"]) == ("datasource", "prometheus")
     for variable in board["templating"]["list"][1:]:
         assert variable["datasource"] == DATASOURCE
-        assert variable["definition"].startswith("label_values(")
+        assert variable["definition"].startswith("query_result(group by (")
+        assert variable["regex"] == f'/{variable["name"]}="([^"]+)"/'
         if variable["includeAll"]:
-            assert variable["allValue"] == ".*"
+            # Every node key; the others also match a series without the label.
+            assert variable["allValue"] == (".+" if variable["name"] == "node" else ".*")
     # The pod variables must filter nothing while gpu_pod_info does not exist.
     for name in ("namespace", "pod"):
-        variable = next(v for v in board["templating"]["list"] if v["name"] == name)
-        assert variable["includeAll"] and "gpu_pod_info" in variable["definition"]
+        variable = next((v for v in board["templating"]["list"] if v["name"] == name), None)
+        assert variable is None or (
+            variable["includeAll"] and "gpu_pod_info" in variable["definition"]
+        )
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda path: path.name)
+def test_every_query_finds_a_node_by_its_node_label_or_else_its_instance(path: Path) -> None:
+    """A node keeps its `node` key across exporter rollouts; a bare install has its instance."""
+    board = load(path)
+    variables = {variable["name"]: variable for variable in board["templating"]["list"]}
+    if board["uid"] == "gpuload-node":
+        assert not variables["node"]["multi"] and not variables["node"]["includeAll"]
+    for panel in board["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            assert "$instance" not in expr, panel["title"]
+            labelled = len(re.findall(r'\{node=~"\$node"', expr))
+            bare = len(re.findall(r'\{node="", instance=~"\$node"', expr))
+            keyed = len(re.findall(r'"node", "\$1", "instance", "\(\.\*\)"\)', expr))
+            assert labelled == bare == keyed >= 1, (panel["title"], expr)
 
 
 @pytest.mark.parametrize("path", FILES, ids=lambda path: path.name)
@@ -222,9 +245,54 @@ def test_dashboards_only_use_metric_names_that_exist() -> None:
                 r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", expr
             )
             for name in re.findall(r"[a-zA-Z_:][\w:]*", expr):
-                if not re.match(r"gpu|ALERTS", name):
+                if not re.match(r"gpu|node:|ALERTS", name):
                     continue
                 assert name in known, (dashboard, panel["title"], name)
+
+
+# The last interval's ratios a panel must not read (rate() of their counters of seconds is the
+# mean over any window), and the families being removed.
+LAST_INTERVAL = re.compile(
+    r"gpu_(mig_)?(utilization|memory_utilization|sm_active|sm_occupancy|tensor_active"
+    r"|dram_active|fp16_active|fp32_active|fp64_active|integer_active)_ratio"
+    r"|gpu_bar1_|gpu_memory_free_bytes|clock=\"graphics\""
+)
+
+
+def test_activity_is_read_from_counters_of_seconds_not_the_last_interval() -> None:
+    read = 0
+    for dashboard, panel in panels():
+        for target in panel.get("targets", []):
+            assert not LAST_INTERVAL.search(target["expr"]), (dashboard, panel["title"])
+            read += "_seconds_total" in target["expr"] or "_seconds:rate" in target["expr"]
+    assert read >= 10
+
+
+def test_fleet_reads_recorded_series_only() -> None:
+    """At 10,000 GPUs no fleet panel reads every GPU's series as scraped."""
+    board = load(render.DASHBOARDS_DIR / "gpuload-fleet.json")
+    for panel in board["panels"]:
+        for target in panel.get("targets", []):
+            expr = re.sub(r"\{[^}]*\}", "", target["expr"])
+            scraped = re.findall(r"(?<![\w:])gpu(?:load)?_\w+", expr)
+            assert not scraped, (panel["title"], scraped)
+            assert re.search(r"(?<![\w:])(gpu|node):\w+:\w+|ALERTS", expr), panel["title"]
+
+
+def test_node_links_open_the_node_detail_by_its_node_key() -> None:
+    for dashboard, panel in panels():
+        for override in panel.get("fieldConfig", {}).get("overrides", []):
+            for prop in override["properties"]:
+                if prop["id"] != "links" or "gpuload-node" not in json.dumps(prop["value"]):
+                    continue
+                assert override["matcher"]["options"] == "Node"
+                assert "var-node=${__data.fields.node}" in prop["value"][0]["url"]
+                columns = next(
+                    t["options"]["renameByName"]
+                    for t in panel["transformations"]
+                    if t["id"] == "organize"
+                )
+                assert columns["node"] == "Node", (dashboard, panel["title"])
 
 
 def test_bottleneck_table_links_the_runbooks_and_names_every_class() -> None:

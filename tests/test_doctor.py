@@ -20,7 +20,9 @@ import requests
 import yaml
 from helpers import ROOT, wait_until
 
+from exporter.alerting import thresholds
 from exporter.doctor.command import Options, run
+from exporter.doctor.verdicts import Window, diagnose, figures
 
 # Short windows keep the suite fast: 3 s at 200 ms is 15 samples per GPU.
 SHORT = ["--duration", "3s", "--collect.interval", "200ms"]
@@ -100,20 +102,71 @@ def test_findings_carry_evidence_and_next_steps_from_the_runbooks(verdicts) -> N
 
 
 def test_a_starved_input_pipeline_is_input_starved() -> None:
-    # data-starved saws from 0 to 50% every 12 s: a 12 s window holds a whole period, its peak
-    # and its drop, whenever the sampling starts.
+    # data-starved computes for 1 s at 90% and sits fully idle for 3 s: an 8 s window holds two
+    # of its steps, whenever the sampling starts.
     out = io.StringIO()
     code = run(
-        Options(duration=12.0, interval=0.2, simulate="data-starved", json=True),
+        Options(duration=8.0, interval=0.2, simulate="data-starved", json=True),
         out=out,
         err=io.StringIO(),
     )
     report = json.loads(out.getvalue())
     assert code == 1
     assert {gpu["state"] for gpu in report["gpus"]} == {"input-starved"}
-    steps = report["gpus"][0]["findings"][0]["next_steps"]
+    finding = report["gpus"][0]["findings"][0]
+    assert finding["summary"] == "busy in bursts, fully idle in between: waits for its input"
+    figures = report["gpus"][0]["figures"]
+    assert 0.15 < figures["utilization_mean"] < 0.35
+    assert 0.55 < figures["idle_fraction"] < 0.85
+    steps = finding["next_steps"]
     assert any("num_workers" in step for step in steps)
     assert any("pin_memory=True" in step for step in steps)
+
+
+GPU0 = (("gpu", "0"), ("uuid", "GPU-0"))
+
+
+def window(counters: dict[str, list[tuple[float, float]]]) -> Window:
+    """10 s of one GPU that is up and runs a process, with its counters' (time, value) readings."""
+    series = {name: {GPU0: points} for name, points in counters.items()}
+    for name in ("gpu_up", "gpu_processes"):
+        series[name] = {GPU0: [(0.0, 1.0), (10.0, 1.0)]}
+    return Window(series, 0.0, 10.0)
+
+
+def test_window_means_are_the_counters_increase_over_the_window() -> None:
+    # Busy 0.9 s of every 4 s, read once at each second: gauge readings of the last second would
+    # say 90% or 0% by where they land; the counter says 22.5%, and resets (an exporter restart
+    # at 6 s) cost nothing of it.
+    busy = [(0.0, 100.0), (2.0, 100.45), (4.0, 100.9), (6.0, 0.45), (8.0, 0.9), (10.0, 1.35)]
+    idle = [(float(t), 0.7 * t) for t in range(0, 11, 2)]
+    found = figures(
+        window({"gpu_utilization_seconds_total": busy, "gpu_idle_seconds_total": idle}), "0"
+    )
+    assert found["utilization_mean"] == pytest.approx(0.225)
+    assert found["idle_fraction"] == pytest.approx(0.7)
+    assert found["samples"] == 6
+
+
+@pytest.mark.parametrize(
+    ("idle_per_second", "state"),
+    [
+        (0.7, "input-starved"),  # waits for each batch: GPUDataLoaderStarved
+        (0.0, "busy"),  # a steady small workload runs something in every sample period
+    ],
+)
+def test_starved_needs_fully_idle_time_not_just_a_low_mean(
+    idle_per_second: float, state: str
+) -> None:
+    loaded = thresholds.load()
+    starved = loaded.alert("GPUDataLoaderStarved")
+    mean = (starved.number("average_below") + loaded.alert("GPUUtilizationLow").number("below")) / 2
+    counters = {
+        "gpu_utilization_seconds_total": [(0.0, 0.0), (10.0, 10 * mean)],
+        "gpu_idle_seconds_total": [(0.0, 0.0), (10.0, 10 * idle_per_second)],
+    }
+    (report,) = diagnose(window(counters), loaded)
+    assert report.state == state
 
 
 def test_text_report_and_progress_on_a_terminal() -> None:

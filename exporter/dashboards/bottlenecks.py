@@ -165,14 +165,14 @@ def build(thresholds: Thresholds) -> Json:
             width=16,
             height=10,
             columns={
-                "instance": "Node",
+                "node": "Node",
                 "gpu": "GPU",
                 "name": "Model",
                 "bottleneck": "Bottleneck",
                 "Value": "Signal",
                 "runbook_url": "Runbook",
             },
-            hidden=("Time", "__name__", "job", "uuid"),
+            hidden=("Time", "__name__", "job", "instance", "uuid"),
             overrides=[
                 override(
                     "byName",
@@ -210,7 +210,7 @@ def build(thresholds: Thresholds) -> Json:
             [
                 Query(
                     scope.pods(scope.select(names["bottleneck"], 'bottleneck!="none"')),
-                    legend="{{instance}} GPU {{gpu}}: {{bottleneck}}",
+                    legend="{{node}} GPU {{gpu}}: {{bottleneck}}",
                 )
             ],
             Field("percentunit", Steps("orange"), min=0, max=1),
@@ -231,7 +231,7 @@ def build(thresholds: Thresholds) -> Json:
             f"Utilization ({window} average)",
             f"Below {percent(utilization.steps.steps[0][0])}: underutilized; above"
             f" {percent(utilization.steps.steps[1][0])}: compute-bound (dashed lines).",
-            [Query(scope.in_use(scope.gpus(names["avg"])), legend="{{instance}} GPU {{gpu}}")],
+            [Query(scope.in_use(scope.gpus(names["avg"])), legend="{{node}} GPU {{gpu}}")],
             utilization,
             width=8,
             threshold_lines=True,
@@ -243,7 +243,7 @@ def build(thresholds: Thresholds) -> Json:
             f" at 0%): above {percent(idle_above)} (dashed), with a low average, it waits for its"
             " input between batches.",
             [
-                Query(scope.in_use(scope.gpus(names["idle"])), legend="{{instance}} GPU {{gpu}}"),
+                Query(scope.in_use(scope.gpus(names["idle"])), legend="{{node}} GPU {{gpu}}"),
             ],
             Field("percentunit", Steps("green", ((idle_above, "orange"),)), min=0, max=1),
             width=8,
@@ -335,7 +335,7 @@ def build(thresholds: Thresholds) -> Json:
                     f"max by ({NODE}) ({scope.in_use(scope.gpus(names['avg']))})\n"
                     f"- on ({NODE}) group_right ()\n"
                     f"({scope.in_use(scope.gpus(names['avg']))})",
-                    legend="{{instance}} GPU {{gpu}}",
+                    legend="{{node}} GPU {{gpu}}",
                 )
             ],
             Field(

@@ -4,9 +4,10 @@ GPU states are the fleet recording rules' (``gpu:gpu_state:5m``, exporter/alerti
 *idle* (not in use), *underutilized* (average below GPUUtilizationLow's threshold), *healthy*,
 *saturated* (above GPUUtilizationHigh's), *unmeasured* (in use, no utilization: an A100 in MIG
 mode, or a node scraped for less than a window) and *lost* (``gpu_up == 0``). A GPU in MIG mode
-is as busy as its instances' SMs. Every panel reads recorded series: the state counts and power
-per node (``node:*``), so that a fleet of 10,000 GPUs answers from a few series per node; the
-namespace and pod filters apply to the per-GPU panels only.
+is as busy as its instances' SMs. Every panel reads recorded series, the state counts and power
+per node (``node:*``), so that a fleet of 10,000 GPUs answers from a few series per node; no
+panel reads a GPU's series as scraped, which is also why the fleet has no namespace or pod
+filter (``gpu_pod_info`` is one scraped series per GPU: the bottleneck view has them).
 """
 
 from __future__ import annotations
@@ -27,11 +28,13 @@ from exporter.dashboards.grafana import (
     table,
     timeseries,
 )
-from exporter.dashboards.queries import GPU, Scope, percent, variables
+from exporter.dashboards.queries import Scope, percent, variables
 
 UID = "gpuload-fleet"
+# Every series of the dashboards has a `node` label (queries.keyed), so a table's Node column
+# always has the node detail's key.
 NODE_LINK = (
-    "/d/gpuload-node/gpu-node-detail?var-instance=${__data.fields.instance}"
+    "/d/gpuload-node/gpu-node-detail?var-node=${__data.fields.node}"
     "&${datasource:queryparam}&${__url_time_range}"
 )
 
@@ -66,18 +69,18 @@ def build(thresholds: Thresholds) -> Json:
     high = thresholds.alert("GPUUtilizationHigh").number("above")
     window = thresholds.window
     count = Field("short", Steps("green"), decimals=0)
-    per_node = 'node=~"$node", instance=~"$instance"'
+    states = scope.node(names["node_states"])
 
     def counted(state: str) -> Query:
-        selector = f'{names["node_states"]}{{{per_node}, state="{state}"}}'
-        return Query(f"sum({selector}) or vector(0)", instant=True)
+        selected = scope.node(names["node_states"], f'state="{state}"')
+        return Query(f"sum({selected}) or vector(0)", instant=True)
 
     layout = Layout()
     layout.add(
         stat(
             "GPUs",
             "GPUs that gpuload reports on the selected nodes (gpu_up, whether reachable or not).",
-            Query(f"sum({names['node_states']}{{{per_node}}}) or vector(0)", instant=True),
+            Query(f"sum({states}) or vector(0)", instant=True),
             Field("short", Steps("blue"), decimals=0),
             width=3,
         ),
@@ -135,9 +138,9 @@ def build(thresholds: Thresholds) -> Json:
             "One row per GPU (node and NVML index), one column per interval; the colour is its"
             f" {window} average utilization (a GPU in MIG mode: its instances' SM activity): red"
             " idle, green busy.",
+            # By node and GPU: one row across a rollout of the exporter (a new instance).
             Query(
-                scope.gpus(names["busy"]),
-                legend="{{node}} {{instance}} GPU {{gpu}}",
+                f"max by (node, gpu) {scope.select(names['busy'])}", legend="{{node}} GPU {{gpu}}"
             ),
             Field("percentunit", utilization_steps(thresholds), min=0, max=1),
             width=16,
@@ -147,24 +150,17 @@ def build(thresholds: Thresholds) -> Json:
             "Firing GPU alerts",
             'gpuload\'s alerts (ALERTS{alertname=~"GPU.*"}) firing now on the selected nodes;'
             " the runbook of each is linked from the alert's runbook_url.",
-            [
-                Query(
-                    scope.pods(
-                        'ALERTS{alertname=~"GPU.*", alertstate="firing", node=~"$node",'
-                        ' instance=~"$instance"}'
-                    )
-                )
-            ],
+            [Query(scope.node("ALERTS", 'alertname=~"GPU.*"', 'alertstate="firing"'))],
             Field("short", no_value="No GPU alert is firing"),
             width=8,
             height=11,
             columns={
                 "alertname": "Alert",
                 "severity": "Severity",
-                "instance": "Node",
+                "node": "Node",
                 "gpu": "GPU",
             },
-            hidden=("Time", "__name__", "job", "alertstate", "uuid", "Value"),
+            hidden=("Time", "__name__", "job", "instance", "alertstate", "uuid", "Value"),
             overrides=[
                 override(
                     "byName",
@@ -186,7 +182,7 @@ def build(thresholds: Thresholds) -> Json:
             ],
         ),
     )
-    underutilized = scope.gpus(names["state"], 'state="underutilized"')
+    underutilized = scope.select(names["state"], 'state="underutilized"')
     layout.add(
         table(
             "Top underutilized GPUs (hours in use below the threshold, over the range)",
@@ -196,21 +192,17 @@ def build(thresholds: Thresholds) -> Json:
             [
                 Query(
                     "topk(10,\n"
-                    f"  sum_over_time(\n{underutilized}\n  [$__range:$__interval])\n"
-                    "  * $__interval_ms / 3600000\n"
-                    f"  * on ({GPU}) group_left (name) gpu_info\n)"
+                    "  sum by (node, gpu, uuid) (\n"
+                    f"    sum_over_time(\n{underutilized}[$__range:$__interval])\n"
+                    "  )\n"
+                    "  * $__interval_ms / 3600000\n)"
                 )
             ],
             Field("h", Steps("green", ((1, "orange"), (8, "red"))), decimals=2),
             width=12,
             height=9,
-            columns={
-                "instance": "Node",
-                "gpu": "GPU",
-                "name": "Model",
-                "Value": "Underutilized hours",
-            },
-            hidden=("Time", "__name__", "job", "uuid", "state"),
+            columns={"node": "Node", "gpu": "GPU", "Value": "Underutilized hours"},
+            hidden=("Time", "__name__", "job", "instance", "uuid", "state"),
             sort_by="Underutilized hours",
             overrides=[
                 override("byName", "Node", {"links": [link("Node detail", NODE_LINK)]}),
@@ -226,8 +218,8 @@ def build(thresholds: Thresholds) -> Json:
             "Power drawn by the GPUs of the selected nodes together, against the sum of their"
             " enforced power limits (dashed).",
             [
-                Query(f"sum({names['node_power']}{{{per_node}}})", legend="draw"),
-                Query(f"sum({names['node_power_limit']}{{{per_node}}})", legend="limit"),
+                Query(f"sum({scope.node(names['node_power'])})", legend="draw"),
+                Query(f"sum({scope.node(names['node_power_limit'])})", legend="limit"),
             ],
             Field("watt", Steps("green"), min=0),
             width=12,
@@ -240,12 +232,7 @@ def build(thresholds: Thresholds) -> Json:
             "GPUs by state",
             "How many GPUs were idle, underutilized, healthy, saturated, unmeasured or lost over"
             f" time ({window} averages, as in the counts above).",
-            [
-                Query(
-                    f"sum by (state) ({names['node_states']}{{{per_node}}})",
-                    legend="{{state}}",
-                )
-            ],
+            [Query(f"sum by (state) ({states})", legend="{{state}}")],
             Field("short", Steps("green"), min=0, decimals=0),
             stacked=True,
             overrides=[
@@ -258,7 +245,7 @@ def build(thresholds: Thresholds) -> Json:
             f"Mean of the {window} average utilization of each node's GPUs (MIG instances"
             f" included); the dashed lines are the {percent(low)} and {percent(high)} thresholds"
             " of the alerts.",
-            [Query(f"{names['node_busy']}{{{per_node}}}", legend="{{node}} {{instance}}")],
+            [Query(f"avg by (node) {scope.node(names['node_busy'])}", legend="{{node}}")],
             Field("percentunit", utilization_steps(thresholds), min=0, max=1),
             threshold_lines=True,
         ),
@@ -268,6 +255,6 @@ def build(thresholds: Thresholds) -> Json:
         "GPU fleet overview",
         "gpuload: how many GPUs are idle, underutilized, healthy, saturated, unmeasured or lost;"
         " where the underutilized hours go; firing GPU alerts; fleet power.",
-        variables(one_node=False, gpu=False),
+        variables(one_node=False, gpu=False, pods=False),
         layout,
     )

@@ -546,12 +546,16 @@ def query_variable(
     *,
     multi: bool = True,
     include_all: bool = True,
+    all_value: str = ".*",
+    regex: str = "",
+    sort: int = 3,
     description: str = "",
 ) -> Json:
-    """Return a variable filled by a Prometheus ``label_values(...)`` query.
+    """Return a variable filled by a Prometheus query (``label_values(...)``, ``query_result``).
 
-    "All" is ``.*``, which also matches a series without the label, so an empty variable
-    (``gpu_pod_info`` absent) filters nothing.
+    "All" is ``all_value``; the default ``.*`` also matches a series without the label, so an
+    empty variable (``gpu_pod_info`` absent) filters nothing. ``regex`` takes each value out of
+    a ``query_result`` line; ``sort`` is Grafana's order (3 numerical, 5 alphabetical).
     """
     variable: Json = {
         "name": name,
@@ -567,11 +571,11 @@ def query_variable(
         "multi": multi,
         "options": [],
         "refresh": 2,
-        "regex": "",
-        "sort": 3,
+        "regex": regex,
+        "sort": sort,
     }
     if include_all:
-        variable["allValue"] = ".*"
+        variable["allValue"] = all_value
     return variable
 
 

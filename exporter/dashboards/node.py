@@ -1,8 +1,10 @@
 """The GPU node detail: every signal of the GPUs of one node, side by side.
 
-Utilization sits next to the GPM profiling ratios (SM, tensor, DRAM) so that "100% busy but
-slow" shows; GPM, MIG, NVLink, row remapping and page retirement exist on some GPUs only, and
-their panels show "no data" elsewhere.
+Utilization sits next to the GPM profiling activity (SM, tensor, DRAM) so that "100% busy but
+slow" shows. Each is the rate of its counter of seconds (``gpu_utilization_seconds_total``,
+``gpu_sm_active_seconds_total``, ...) over each point's interval, the exact mean over it, or
+the recorded rate over the rules' window; never the last second's ratio. GPM, MIG, NVLink, row
+remapping and page retirement exist on some GPUs only, and their panels show "no data" elsewhere.
 """
 
 from __future__ import annotations
@@ -38,11 +40,7 @@ def build(thresholds: Thresholds) -> Json:
     """Return the node detail dashboard."""
     scope = Scope(thresholds, gpu_variable=True)
     names = scope.names
-
-    def rate(metric: str) -> str:
-        """A counter's rate over each point's interval: of seconds, the mean fraction of time."""
-        return scope.pods(f"rate({scope.select(metric)}[$__rate_interval])")
-
+    rate = scope.rate
     window = thresholds.window
     full = thresholds.alert("GPUMemoryNearlyFull").number("used_above")
     link_busy = thresholds.bottlenecks.link_busy_above
@@ -66,8 +64,9 @@ def build(thresholds: Thresholds) -> Json:
         ),
         gauge(
             f"Average utilization ({window})",
-            f"Mean of the selected GPUs' {window} average utilization.",
-            Query(f"avg({scope.gpus(names['avg'])})", instant=True),
+            f"Mean of the selected GPUs' {window} average utilization (a GPU in MIG mode: its"
+            " instances' SM activity, with GPM).",
+            Query(f"avg({scope.gpus(names['busy'])})", instant=True),
             utilization,
         ),
         stat(
@@ -87,7 +86,7 @@ def build(thresholds: Thresholds) -> Json:
         stat(
             "Driver",
             "NVIDIA driver version (gpuload_driver_info).",
-            Query('gpuload_driver_info{instance=~"$instance"}', instant=True, table=True),
+            Query(scope.node("gpuload_driver_info"), instant=True, table=True),
             Field("none", Steps("text")),
             text_field="driver_version",
         ),
@@ -157,7 +156,7 @@ def build(thresholds: Thresholds) -> Json:
                 "Value #D": "DRAM bandwidth",
                 "Value #E": "Busiest compute pipe",
             },
-            hidden=("Time", "__name__", "job", "instance", "uuid"),
+            hidden=("Time", "__name__", "job", "instance", "node", "uuid"),
             overrides=[
                 override(
                     "byRegexp",
@@ -270,7 +269,7 @@ def build(thresholds: Thresholds) -> Json:
                 "Value #E": "NVLinks up",
                 "Value #F": "NVLinks down",
             },
-            hidden=("Time", "__name__", "job", "instance", "uuid"),
+            hidden=("Time", "__name__", "job", "instance", "node", "uuid"),
             overrides=[
                 override(
                     "byName",
@@ -398,7 +397,7 @@ def build(thresholds: Thresholds) -> Json:
             Field("short", Steps("red"), decimals=0, no_value="No XID errors"),
             width=12,
             columns={"gpu": "GPU", "xid": "XID", "Value": "Events"},
-            hidden=("Time", "__name__", "job", "instance", "uuid"),
+            hidden=("Time", "__name__", "job", "instance", "node", "uuid"),
         ),
     )
     layout.add(
@@ -429,7 +428,7 @@ def build(thresholds: Thresholds) -> Json:
                 "Value #F": "Retired pages",
                 "Value #G": "Retirement pending",
             },
-            hidden=("Time", "__name__", "job", "instance", "uuid"),
+            hidden=("Time", "__name__", "job", "instance", "node", "uuid"),
             overrides=[
                 override(
                     "byRegexp",
@@ -460,7 +459,7 @@ def build(thresholds: Thresholds) -> Json:
                 "Value #A": "Memory",
                 "Value #B": "SM utilization",
             },
-            hidden=("Time", "__name__", "job", "instance", "uuid"),
+            hidden=("Time", "__name__", "job", "instance", "node", "uuid"),
             sort_by="Memory",
             overrides=[override("byName", "SM utilization", {"unit": "percentunit"})],
         ),
@@ -486,7 +485,7 @@ def build(thresholds: Thresholds) -> Json:
                 "Value #C": "SM active",
                 "Value #D": "Tensor active",
             },
-            hidden=("Time", "__name__", "job", "instance", "uuid"),
+            hidden=("Time", "__name__", "job", "instance", "node", "uuid"),
             overrides=[
                 override("byRegexp", "SM active|Tensor active", {"unit": "percentunit"}),
             ],

@@ -1,23 +1,67 @@
-"""PromQL pieces shared by the dashboards: selectors for the template variables, the pod scope.
+"""PromQL pieces shared by the dashboards: the node key, the template variables, the pod scope.
 
-The variables are ``$node`` (the ``node`` label the Helm chart's ServiceMonitor sets), ``$instance``
-(the gpuload targets on those nodes), ``$gpu`` (NVML index) and, for Kubernetes, ``$namespace``
-and ``$pod`` over ``gpu_pod_info{gpu,uuid,pod,namespace,container}``. ``gpu_pod_info`` and the
-``node`` label may be absent (no Kubernetes, a bare ``gpuload serve``): "All" then filters nothing.
+A node is known by its ``node`` label where the scrape adds one (the Helm chart's ServiceMonitor
+sets it from the Kubernetes node name), else by its ``instance`` (a bare ``gpuload serve``
+scraped by address). The ``node`` label stays when the exporter's pod is replaced and its
+``instance`` (the pod's address) changes, so the dashboards key every node view on it: the
+``$node`` variable lists each node's key, and every query selects a node's series by
+``node=~"$node"``, or by ``instance=~"$node"`` where a series has no ``node`` label, and gives the
+latter its instance as ``node``. Every series a panel shows therefore has a ``node`` label: the
+legends, the table columns and the links to the node detail read it on either kind of install.
+
+The other variables are ``$gpu`` (NVML index) and, for Kubernetes, ``$namespace`` and ``$pod``
+over ``gpu_pod_info{gpu,uuid,pod,namespace,container}``. That family may be absent (no
+Kubernetes, or a gpuload without it): the pod scope then filters nothing.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from exporter.alerting.rules import GPU, NODE, recording_names
 from exporter.alerting.thresholds import Thresholds
 from exporter.dashboards.grafana import Json, datasource_variable, query_variable
 
-__all__ = ["GPU", "NODE", "Scope", "number", "percent", "variables"]
+__all__ = ["GPU", "NODE", "Scope", "keyed", "number", "percent", "variables"]
 
-# One series selector, which needs no parentheses before `unless`.
-_SELECTOR = re.compile(r"[a-zA-Z_:][\w:]*(\{[^{}]*\})?")
+# The `$node` variable's "All": every node key. `.*` would also match a series without a `node`
+# label, which the second selector of `keyed` already adds: a bare install counted twice.
+ALL_NODES = ".+"
+# label_replace's arguments that give a series its instance as its node.
+_INSTANCE_AS_NODE = '"node", "$1", "instance", "(.*)"'
+
+Around = Callable[[str], str]
+
+
+def _selector(metric: str, matchers: list[str]) -> str:
+    return f"{metric}{{{', '.join(matchers)}}}"
+
+
+def _parenthesized(expr: str) -> bool:
+    """Whether ``expr`` is one parenthesized group, so that it needs no more parentheses."""
+    if not (expr.startswith("(") and expr.endswith(")")):
+        return False
+    depth = 0
+    for index, char in enumerate(expr):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and index < len(expr) - 1:
+            return False
+    return True
+
+
+def keyed(metric: str, *matchers: str, around: Around | None = None, node: str = "$node") -> str:
+    """The series of ``metric`` on the nodes whose key matches ``node``, each with a ``node`` label.
+
+    Two selectors: the series that have a ``node`` label, and those without one, found by their
+    ``instance`` and given it as ``node``. ``around`` builds the expression around each selector
+    (``rate(...[w])``: a range needs a selector, not an expression). The result is one
+    parenthesized operand.
+    """
+    wrap = around or (lambda selector: selector)
+    labelled = _selector(metric, [f'node=~"{node}"', *matchers])
+    bare = _selector(metric, ['node=""', f'instance=~"{node}"', *matchers])
+    return f"({wrap(labelled)}\nor label_replace({wrap(bare)}, {_INSTANCE_AS_NODE}))"
 
 
 class Scope:
@@ -25,14 +69,15 @@ class Scope:
 
     def __init__(self, thresholds: Thresholds, *, gpu_variable: bool) -> None:
         self.names = recording_names(thresholds)
-        matchers = ['node=~"$node"', 'instance=~"$instance"']
-        if gpu_variable:
-            matchers.append('gpu=~"$gpu"')
-        self.matchers = ", ".join(matchers)
+        self.gpu_matchers = ['gpu=~"$gpu"'] if gpu_variable else []
 
-    def select(self, metric: str, *extra: str) -> str:
-        """Return ``metric{node=~"$node", instance=~"$instance", ...}`` with any extra matchers."""
-        return f"{metric}{{{', '.join((self.matchers, *extra))}}}"
+    def node(self, metric: str, *extra: str, around: Around | None = None) -> str:
+        """The selected nodes' series of ``metric``, whatever its GPU (or without one)."""
+        return keyed(metric, *extra, around=around)
+
+    def select(self, metric: str, *extra: str, around: Around | None = None) -> str:
+        """The selected nodes' and GPUs' series of ``metric``, with any extra matchers."""
+        return keyed(metric, *self.gpu_matchers, *extra, around=around)
 
     def pods(self, expr: str) -> str:
         """Keep the GPUs of ``expr`` that run a pod of ``$namespace``/``$pod``, or no pod at all.
@@ -42,16 +87,24 @@ class Scope:
         any namespace, since it belongs to none. ``expr`` must keep the ``uuid`` label. The
         result is parenthesized, so it is one operand wherever it goes.
         """
-        if not _SELECTOR.fullmatch(expr):
+        if not _parenthesized(expr):
             expr = f"({expr})"
         return (
             f"({expr}\nunless on (uuid) (\n  group by (uuid) (gpu_pod_info)\n"
             '  unless on (uuid) gpu_pod_info{namespace=~"$namespace", pod=~"$pod"}\n))'
         )
 
-    def gpus(self, metric: str, *extra: str) -> str:
+    def gpus(self, metric: str, *extra: str, around: Around | None = None) -> str:
         """Return the selected GPUs' series of ``metric``, in the pod scope."""
-        return self.pods(self.select(metric, *extra))
+        return self.pods(self.select(metric, *extra, around=around))
+
+    def rate(self, counter: str, *extra: str) -> str:
+        """The selected GPUs' rate of ``counter`` over each point's ``$__rate_interval``.
+
+        Of a counter of seconds, the exact mean fraction of time over the interval, however
+        often it was scraped.
+        """
+        return self.gpus(counter, *extra, around=lambda s: f"rate({s}[$__rate_interval])")
 
     def in_use(self, expr: str) -> str:
         """Return ``expr`` for in-use GPUs only (a process, or memory above the floor)."""
@@ -68,25 +121,31 @@ def percent(ratio: float) -> str:
     return f"{ratio * 100:g}%"
 
 
-def variables(*, one_node: bool, gpu: bool) -> list[Json]:
+def _values(label: str, metric: str, *matchers: str, node: str = "$node") -> str:
+    """A variable's query: the values of ``label`` on the selected nodes' series of ``metric``."""
+    return f"query_result(group by ({label}) {keyed(metric, *matchers, node=node)})"
+
+
+def _capture(label: str) -> str:
+    """The variable's regex that takes a label's value out of a ``query_result`` line."""
+    return f'/{re.escape(label)}="([^"]+)"/'
+
+
+def variables(*, one_node: bool, gpu: bool, pods: bool = True) -> list[Json]:
     """Return the template variables: data source, node, GPU, and the Kubernetes pod scope."""
     result = [
         datasource_variable(),
         query_variable(
             "node",
             "Node",
-            "label_values(gpu_info, node)",
-            multi=not one_node,
-            description="Kubernetes node (the `node` label the ServiceMonitor sets); empty"
-            " without one, which then filters nothing",
-        ),
-        query_variable(
-            "instance",
-            "Exporter",
-            'label_values(gpu_info{node=~"$node"}, instance)',
+            _values("node", "gpu_info", node=ALL_NODES),
             multi=not one_node,
             include_all=not one_node,
-            description="gpuload targets on the selected node(s) (the `instance` label)",
+            all_value=ALL_NODES,
+            regex=_capture("node"),
+            sort=5,
+            description="Nodes with GPUs: the `node` label where the scrape sets one (the Helm"
+            " chart's ServiceMonitor does), else the gpuload target's `instance`",
         ),
     ]
     if gpu:
@@ -94,23 +153,30 @@ def variables(*, one_node: bool, gpu: bool) -> list[Json]:
             query_variable(
                 "gpu",
                 "GPU",
-                'label_values(gpu_info{instance=~"$instance"}, gpu)',
+                _values("gpu", "gpu_info"),
+                regex=_capture("gpu"),
                 description="NVML index of the GPU",
             )
         )
-    result += [
+    if not pods:
+        return result
+    return [
+        *result,
         query_variable(
             "namespace",
             "Namespace",
-            'label_values(gpu_pod_info{instance=~"$instance"}, namespace)',
+            _values("namespace", "gpu_pod_info"),
+            regex=_capture("namespace"),
+            sort=5,
             description="Kubernetes namespace of the pods using the GPUs; empty without "
             "gpu_pod_info, which then filters nothing",
         ),
         query_variable(
             "pod",
             "Pod",
-            'label_values(gpu_pod_info{instance=~"$instance", namespace=~"$namespace"}, pod)',
+            _values("pod", "gpu_pod_info", 'namespace=~"$namespace"'),
+            regex=_capture("pod"),
+            sort=5,
             description="Kubernetes pod using the GPUs; empty without gpu_pod_info",
         ),
     ]
-    return result

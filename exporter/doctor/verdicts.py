@@ -13,8 +13,9 @@ throttled-power           ``hw_power_brake`` likewise, or ``sw_power_cap`` with 
 pcie-bound                a busy GPU on a PCIe link below its capability (GPUPCIeLinkDegraded),
                           or moving more than ``PCIE_BUSY_RATIO`` of its link's bandwidth
 memory-bandwidth-bound    GPUMemoryBandwidthBound's DRAM and compute-pipe thresholds (GPM only)
-input-starved             in use, and GPUDataLoaderStarved's sawtooth, or below
-                          GPUUtilizationLow's average
+input-starved             in use, averaging below GPUDataLoaderStarved's ``average_below`` and
+                          fully idle (no kernel at all) more than its ``idle_above`` of the
+                          window; or below GPUUtilizationLow's average
 imbalanced                in use and more than GPULoadImbalance's spread below the busiest
                           in-use GPU of the node
 compute-bound             in use above ``COMPUTE_BOUND_ABOVE`` (healthy)
@@ -23,13 +24,19 @@ idle                      not in use (no process, memory under the in-use floor)
 ========================  ===============================================================
 
 The windowed conditions use the window's own samples (30 s by default) rather than the alerts'
-5 minutes: the doctor answers "now", the alerts "for a while".
+5 minutes: the doctor answers "now", the alerts "for a while". Utilization, fully idle time and
+GPM activity are the increase of their counters of seconds (``gpu_utilization_seconds_total``,
+``gpu_idle_seconds_total``, ``gpu_sm_active_seconds_total``, ...) over the window divided by its
+length: every NVML sample in between counts, where a mean of the last-interval ratios would
+count only the intervals the readings happened to land on. The clock event reasons have no
+counter: their share is the mean of the window's 0/1 readings.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from exporter.alerting import rules
@@ -50,10 +57,8 @@ FAMILIES = frozenset(
         "gpu_up",
         "gpu_info",
         "gpu_processes",
-        "gpu_utilization_ratio",
         "gpu_utilization_seconds_total",
         "gpu_idle_seconds_total",
-        "gpu_memory_utilization_ratio",
         "gpu_memory_utilization_seconds_total",
         "gpu_memory_used_bytes",
         "gpu_memory_total_bytes",
@@ -200,9 +205,18 @@ def _last(points: list[Point]) -> float | None:
 
 
 def _rate(points: list[Point]) -> float | None:
+    """A counter's increase per second between its first and last reading.
+
+    A reading below the one before is a reset (the exporter restarted): the counter started
+    again from zero, so its new value is all it gained since.
+    """
     if len(points) < 2 or points[-1][0] <= points[0][0]:
         return None
-    return max(points[-1][1] - points[0][1], 0.0) / (points[-1][0] - points[0][0])
+    increase = sum(
+        later - earlier if later >= earlier else later
+        for (_t0, earlier), (_t1, later) in pairwise(points)
+    )
+    return increase / (points[-1][0] - points[0][0])
 
 
 def _pct(ratio: float | None) -> str:
@@ -226,7 +240,7 @@ def _busy(window: Window, name: str, gpu: str) -> float | None:
 
 def figures(window: Window, gpu: str) -> dict[str, float | None]:
     """The evidence figures of one GPU over the window."""
-    util = window.of("gpu_utilization_ratio", gpu)
+    util = window.of("gpu_utilization_seconds_total", gpu)
     events = {
         dict(labels)["reason"]: _mean(points)
         for labels, points in window.each("gpu_clock_event_active", gpu).items()
@@ -468,7 +482,8 @@ def diagnose(window: Window, thresholds: Thresholds) -> list[Report]:
         if not findings:
             findings.append(_healthy(thresholds, gpu in in_use, f))
         findings.sort(key=lambda finding: ORDER.index(finding.state))
-        state = findings[0].state if f["samples"] or f["up"] == 0 else "unknown"
+        # A mean over the window needs two readings of the counters.
+        state = findings[0].state if (f["samples"] or 0) >= 2 or f["up"] == 0 else "unknown"
         reports.append(
             Report(gpu, identity.get("uuid", ""), identity.get("name", ""), state, findings, f)
         )
