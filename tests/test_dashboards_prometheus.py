@@ -75,7 +75,7 @@ IN_USE_UTILIZATION = frozenset({"h100-nvlink", "legacy-v100", "data-starved"})  
 # whole GPU is busy without a process or memory: not in use
 FLEET, NODE, BOTTLENECKS = "gpuload-fleet", "gpuload-node", "gpuload-bottlenecks"
 EXPECTED_TABLE: list[tuple[str, str, str, frozenset[str] | None]] = [
-    (FLEET, "Utilization across nodes and GPUs", "A", UTILIZATION),
+    (FLEET, "Utilization across nodes", "A", UTILIZATION),
     (FLEET, "Firing GPU alerts", "A", frozenset({"legacy-v100"})),  # GPUXidError
     (
         FLEET,

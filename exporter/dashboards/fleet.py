@@ -134,14 +134,13 @@ def build(thresholds: Thresholds) -> Json:
     )
     layout.add(
         heatmap(
-            "Utilization across nodes and GPUs",
-            "One row per GPU (node and NVML index), one column per interval; the colour is its"
+            "Utilization across nodes",
+            "One row per node, one column per interval; the colour is the mean of its GPUs'"
             f" {window} average utilization (a GPU in MIG mode: its instances' SM activity): red"
-            " idle, green busy.",
-            # By node and GPU: one row across a rollout of the exporter (a new instance).
-            Query(
-                f"max by (node, gpu) {scope.select(names['busy'])}", legend="{{node}} GPU {{gpu}}"
-            ),
+            " idle, green busy. The node detail has a row per GPU.",
+            # One row per node, not per GPU: 10,000 rows over 6 hours is neither readable nor
+            # answered in a second (1.3 s at 1,024 GPUs, bench/RESULTS.md).
+            Query(f"max by (node) {scope.node(names['node_busy'])}", legend="{{node}}"),
             Field("percentunit", utilization_steps(thresholds), min=0, max=1),
             width=16,
             height=11,
