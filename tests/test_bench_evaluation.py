@@ -8,7 +8,7 @@ from bench import evaluation
 def test_node_samples_are_the_kept_families_of_an_8_gpu_node() -> None:
     (samples,) = evaluation.node_samples(1)
     names = {sample.name for sample in samples}
-    assert "gpu_utilization_ratio" in names
+    assert "gpu_utilization_seconds_total" in names
     assert {dict(s.labels)["gpu"] for s in samples if s.name == "gpu_up"} == {
         str(i) for i in range(8)
     }

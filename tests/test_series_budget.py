@@ -43,7 +43,7 @@ def series_per_gpu(scenario: str | Path, profile: str) -> dict[tuple[int, str], 
     )
     costs = {}
     try:
-        for t in range(0, 601, 60):
+        for t in (0, 60, 120, 300, 330, 600):  # before, during and after every scenario's events
             clock.now = t
             samples = _scrape(collection.run_cycle())
             count: Counter[str] = Counter()
