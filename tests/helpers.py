@@ -12,9 +12,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
+
+from exporter import sim
+from exporter.collection import Collection
+from exporter.collectors import REGISTRY
 
 ROOT = Path(__file__).resolve().parent.parent
 _LISTENING = re.compile(r"listening on (http://\S+/)")
@@ -122,3 +127,15 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def simulated_node(scenario: str | Path, clock: Clock, **settings: Any) -> Collection:
+    """Every collector on the simulated NVML as root, on the scenario's clock, nothing slept.
+
+    ``settings`` go to the Collection (``profile``, ``options``, ``wall_clock``); its slow values
+    are read every 20 s. The caller closes the collection and uninstalls the simulator.
+    """
+    sim.install(scenario, clock=clock, epoch=0, caller="root", sleep=lambda _: None)
+    return Collection(
+        dict.fromkeys(REGISTRY, True), timeout=60, slow_interval=20, clock=clock, **settings
+    )

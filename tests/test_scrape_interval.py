@@ -21,14 +21,13 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import Clock, parse_metrics
+from helpers import Clock, parse_metrics, simulated_node
 from prometheus_client import generate_latest
 
 from exporter import sim
 from exporter.alerting import rules, thresholds
 from exporter.alerting.thresholds import RULES_DIR
-from exporter.collection import Collection, Snapshot
-from exporter.collectors import REGISTRY
+from exporter.collection import Snapshot
 from exporter.server.http import build_registry
 
 needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing")
@@ -62,15 +61,7 @@ def scrape_run(scenario: str, names: set[str]) -> dict[str, list[str]]:
     The values are promtool's, one per scrape: a number, or `_` where the series was absent.
     """
     clock = Clock(0.0)
-    sim.install(scenario, clock=clock, epoch=0, caller="root", sleep=lambda _: None)
-    collection = Collection(
-        dict.fromkeys(REGISTRY, True),
-        timeout=60,
-        slow_interval=20,
-        clock=clock,
-        wall_clock=clock,
-        profile="default",
-    )
+    collection = simulated_node(scenario, clock, wall_clock=clock, profile="default")
     scrapes: list[dict[str, float]] = []
     try:
         for second in range(0, MINUTES * 60 + 1, COLLECT_EVERY_SECONDS):

@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-from helpers import Clock, parse_metrics
+from helpers import Clock, parse_metrics, simulated_node
 from prometheus_client import generate_latest
 
 from exporter import sim
@@ -32,15 +32,8 @@ def _scrape(snapshot: Snapshot) -> dict:
 def series_per_gpu(scenario: str | Path, profile: str) -> dict[tuple[int, str], float]:
     """(scenario second, GPU) -> series per GPU (per GPU instance in MIG mode), each scrape."""
     clock = Clock(0)
-    sim.install(scenario, clock=clock, epoch=0, caller="root", sleep=lambda _: None)
-    collection = Collection(
-        dict.fromkeys(REGISTRY, True),
-        timeout=60,
-        slow_interval=20,
-        clock=clock,
-        options={"processes": {"host_pid_namespace": "true"}},
-        profile=profile,
-    )
+    options = {"processes": {"host_pid_namespace": "true"}}
+    collection = simulated_node(scenario, clock, options=options, profile=profile)
     costs = {}
     try:
         for t in (0, 60, 120, 300, 330, 600):  # before, during and after every scenario's events

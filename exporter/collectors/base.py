@@ -184,10 +184,15 @@ class SecondsCounter:
         return self.seconds
 
 
+def seconds_name(ratio: str) -> str:
+    """The counter of seconds beside a fraction of time: `x_ratio` -> `x_seconds_total`."""
+    return ratio.removesuffix("_ratio") + "_seconds_total"
+
+
 def seconds_family(ratio: Family, how: str) -> Family:
     """The counter beside a family of a fraction of time: `x_ratio` -> `x_seconds_total`."""
     return Family(
-        ratio.name.removesuffix("_ratio") + "_seconds_total",
+        seconds_name(ratio.name),
         "counter",
         f"Seconds of {how}, integrated from every reading between collections: "
         f"rate() over any window is the mean of {ratio.name} over that window.",

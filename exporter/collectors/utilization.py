@@ -37,6 +37,7 @@ from exporter.collectors.base import (
     ratio_from_percent,
     register,
     seconds_family,
+    seconds_name,
 )
 from exporter.nvml import Device
 
@@ -128,7 +129,7 @@ class UtilizationCollector:
                 continue
             ratio = ratio_from_percent(percent)
             yield Sample(name, ratio)
-            yield Sample(_seconds_name(name), self._seconds[name].add(ratio, read.now))
+            yield Sample(seconds_name(name), self._seconds[name].add(ratio, read.now))
         if idle is not None:
             yield Sample(IDLE.name, self._seconds[IDLE.name].add(idle, read.now))
 
@@ -162,10 +163,6 @@ class UtilizationCollector:
             samples = [(t, v) for t, v in samples if t > newest - _FIRST_WINDOW_US]
         self._last_seen_us[kind] = newest
         return [value for _, value in samples]
-
-
-def _seconds_name(ratio: str) -> str:
-    return ratio.removesuffix("_ratio") + "_seconds_total"
 
 
 def _all_percent(samples: list[tuple[int, float]]) -> bool:
