@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.alerting import render, rules, thresholds
+from exporter.alerting import render, rules, templates, thresholds, vectors
+from exporter.alerting.evaluator import local_rules
+from exporter.relay import payload
+from exporter.relay import templates as relay_templates
 
 RULES_DIR = thresholds.RULES_DIR
 RULE_FILES = sorted(RULES_DIR.glob("*.rules.yml"))
@@ -48,7 +51,7 @@ def test_every_threshold_reaches_the_rules() -> None:
     rendered = render.render(thresholds.parse(document))
     changed = rendered["gpuload-alerts.rules.yml"]
     assert changed != baseline["gpuload-alerts.rules.yml"]
-    assert "gpu:gpu_utilization_seconds:rate5m < 0.25" in changed
+    assert "gpu:gpu_utilization_seconds:rate1m < 0.25" in changed
     assert "gpu:gpu_idle_seconds:rate5m > 0.35" in changed
     assert "for: 7m" in changed
     assert "https://example.org/runbooks.md#gpuutilizationlow" in changed
@@ -64,11 +67,13 @@ def test_every_alert_has_severity_and_annotations() -> None:
         rule
         for group in rules.rule_files(loaded)["gpuload-alerts.rules.yml"]["groups"]
         for rule in group["rules"]
+        if "alert" in rule
     ]
     assert [rule["alert"] for rule in alerts] == list(thresholds.PARAMETERS)
     for rule in alerts:
         assert rule["labels"]["severity"] in thresholds.SEVERITIES
-        assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}
+        # `value`: the measured value, formatted, which the relay's notifications show.
+        assert set(rule["annotations"]) == {"summary", "description", "value", "runbook_url"}
         assert rule["annotations"]["runbook_url"].endswith("#" + rule["alert"].lower())
 
 
@@ -79,11 +84,22 @@ def test_every_alert_has_a_runbook_section() -> None:
 
 
 def test_every_alert_has_a_promtool_unit_test() -> None:
+    """Every alert is checked by promtool: in a unit test here or in a shared vector.
+
+    The shared vectors (alert_rules/vectors/) become promtool tests in
+    tests/test_local_alerting.py, which also runs them through the local evaluator.
+    """
     tested = {
         case["alertname"]
         for path in UNIT_TESTS
         for group in yaml.safe_load(path.read_text(encoding="utf-8"))["tests"]
         for case in group.get("alert_rule_test", [])
+    }
+    tested |= {
+        name
+        for path in vectors.vector_files()
+        for case in vectors.load_file(path)
+        for name in case.alerts
     }
     assert tested == set(thresholds.PARAMETERS)
 
@@ -135,3 +151,22 @@ def test_promtool_unit_tests(path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_value_reaches_the_relays_message() -> None:
+    """Each alert's `value` annotation renders to text, and the relay's message shows it."""
+    loaded = thresholds.load()
+    labels = {"gpu": "3", "uuid": "GPU-3", "instance": "n1:19400", "job": "gpuload", "link": "2"}
+    labels |= {"xid": "79", "collector": "power", "mig_instance": "1", "mig_profile": "1g.10gb"}
+    for rule in local_rules(loaded):
+        rendered = {
+            name: templates.render(text, {**labels, **rule.labels}, 0.42)
+            for name, text in rule.annotations.items()
+        }
+        assert rendered["value"].strip(), rule.name
+        alert = payload.Alert(
+            "firing", {**labels, "alertname": rule.name}, rendered, "", "", "", "f"
+        )
+        view = relay_templates.view(alert, relay_templates.MessageSettings())
+        text = relay_templates.alert_text(view, relay_templates.SLACK)
+        assert f"value {rendered['value']}" in text, (rule.name, text)

@@ -57,12 +57,13 @@ CUSTOM_THRESHOLDS = {
     "prometheusRule": {
         "thresholds": {
             "window": "10m",
+            "short_window": "2m",
             "alerts": {
                 "GPUUtilizationLow": {"below": 0.25, "for": "15m", "severity": "info"},
                 "GPUTemperatureHigh": {"margin_celsius": 3},
                 "GPUXidError": {"xids": [79, 48], "for": "1m"},
                 "GPULoadStale": {"max_age": "2m30s"},
-                "GPUFellOffBus": {"for": "0s"},
+                "GPUFellOffBus": {"for": "0s", "keep_firing_for": "30m"},
             },
         }
     }
@@ -282,6 +283,7 @@ def test_prometheus_rule_takes_the_thresholds_from_values(loaded: helm.Chart) ->
     merged = copy.deepcopy(document)
     overrides = CUSTOM_THRESHOLDS["prometheusRule"]["thresholds"]
     merged["window"] = overrides["window"]
+    merged["short_window"] = overrides["short_window"]
     for name, fields in overrides["alerts"].items():
         merged["alerts"][name].update(fields)
     expected = [
@@ -292,9 +294,10 @@ def test_prometheus_rule_takes_the_thresholds_from_values(loaded: helm.Chart) ->
     assert rule["spec"]["groups"] == expected
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
     low = alerts["GPUUtilizationLow"]
-    assert "rate10m < 0.25" in low["expr"] and low["for"] == "15m"
+    assert "rate2m < 0.25" in low["expr"] and low["for"] == "15m"
     assert low["labels"]["severity"] == "info" and "below 25%" in low["annotations"]["description"]
     assert "for" not in alerts["GPUFellOffBus"]
+    assert alerts["GPUFellOffBus"]["keep_firing_for"] == "30m"
     assert '"79|48"' in alerts["GPUXidError"]["expr"]
     assert "> 150" in alerts["GPULoadStale"]["expr"]
 

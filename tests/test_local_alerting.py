@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,12 @@ def test_every_locally_evaluable_alert_has_a_vector() -> None:
 
 def test_local_rules_take_for_labels_and_annotations_from_the_rendered_rules() -> None:
     document = yaml.safe_load((thresholds.RULES_DIR / "gpuload-alerts.rules.yml").read_text())
-    shipped = {rule["alert"]: rule for group in document["groups"] for rule in group["rules"]}
+    shipped = {
+        rule["alert"]: rule
+        for group in document["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
     for rule in local_rules(thresholds.load()):
         assert rule.labels == shipped[rule.name]["labels"]
         assert rule.annotations == shipped[rule.name]["annotations"]
@@ -150,7 +156,11 @@ def test_an_alert_is_pending_then_firing_then_resolved_through_the_relay_queue(
         assert sent == [0, 0]
         assert [a.state for a in evaluator.alerts()] == ["pending"]
         assert notifier.send(evaluator.observe(_gpu_up(0), 60)) == 1
-        assert notifier.send(evaluator.observe(_gpu_up(1), 90)) == 1
+        # Back at 90 s: GPUFellOffBus keeps firing for its keep_firing_for (15m), then resolves.
+        assert notifier.send(evaluator.observe(_gpu_up(1), 90)) == 0
+        assert [a.state for a in evaluator.alerts()] == ["firing"]
+        assert notifier.send(evaluator.observe(_gpu_up(1), 989)) == 0
+        assert notifier.send(evaluator.observe(_gpu_up(1), 990)) == 1
         wait_until(lambda: len(receiver.bodies) == 2, what="two notifications")
     finally:
         notifier.stop()
@@ -162,12 +172,11 @@ def test_an_alert_is_pending_then_firing_then_resolved_through_the_relay_queue(
         "alertname": "GPUFellOffBus",
         "severity": "critical",
         "gpu": "3",
-        "uuid": "GPU-3",
         "instance": "n1:19400",
         "job": "gpuload",
     }
     assert alert["annotations"]["runbook_url"].endswith("runbooks.md#gpufelloffbus")
-    assert alert["annotations"]["description"].startswith("GPU 3 (GPU-3) on n1:19400 no longer")
+    assert alert["annotations"]["description"].startswith("GPU 3 on n1:19400 no longer")
     assert resolved["alerts"][0]["endsAt"] != "0001-01-01T00:00:00Z"
     with sqlite3.connect(tmp_path / "alerts.db") as db:
         states = [row[0] for row in db.execute("SELECT state FROM notifications")]
@@ -175,8 +184,12 @@ def test_an_alert_is_pending_then_firing_then_resolved_through_the_relay_queue(
 
 
 def test_rules_are_evaluated_once_per_evaluation_interval_on_every_cycle_s_history() -> None:
-    # GPUFellOffBus holds for 1m; cycles come every 5 s, evaluations every 15 s.
-    evaluator = Evaluator(thresholds.load(), instance="n1:19400", interval=15)
+    # GPUFellOffBus holds for 1m; cycles come every 5 s, evaluations every 15 s. Without its
+    # keep_firing_for here, so that it resolves at the first evaluation that sees the GPU back.
+    loaded = thresholds.load()
+    fell_off = replace(loaded.alert("GPUFellOffBus"), keep_firing_for="0s")
+    loaded = replace(loaded, alerts={**loaded.alerts, "GPUFellOffBus": fell_off})
+    evaluator = Evaluator(loaded, instance="n1:19400", interval=15)
     states = {}
     for t in range(0, 80, 5):
         changed = evaluator.observe(_gpu_up(0 if t < 70 else 1), t)

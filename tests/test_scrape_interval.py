@@ -5,8 +5,9 @@ keeps 1 s of every 15, so the minimum, maximum or mean of its scrapes is whateve
 happened to land on. The rules read ``rate()`` of the counters of seconds instead, the exact mean
 over the window whatever the scrape interval.
 
-Here the real collectors run on simulated NVML, collecting every simulated second for 15 minutes;
-every 15 s the exposition is scraped, as a Prometheus would. The series the rule files read become
+Here the real collectors run on simulated NVML for 15 minutes, collecting every 5 simulated seconds
+(the counters integrate every NVML sample between two collections, so this reads what a 1 s cycle
+would); every 15 s the exposition is scraped, as a Prometheus would. The series the rule files read become
 a ``promtool test rules`` file (``interval: 15s``), and Prometheus's own rule engine evaluates the
 shipped rules every 15 s and checks the bottleneck view minute by minute.
 """
@@ -32,7 +33,7 @@ from exporter.server.http import build_registry
 
 needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing")
 
-COLLECT_EVERY_SECONDS = 1
+COLLECT_EVERY_SECONDS = 5
 SCRAPE_EVERY_SECONDS = 15
 MINUTES = 15
 # From the first minute whose 5m window holds only full scrapes, to the end.
@@ -56,7 +57,7 @@ def rule_inputs(loaded: thresholds.Thresholds) -> set[str]:
 
 
 def scrape_run(scenario: str, names: set[str]) -> dict[str, list[str]]:
-    """Collect every second, scrape every 15 s: each series the rules read and its values.
+    """Collect every 5 s, scrape every 15 s: each series the rules read and its values.
 
     The values are promtool's, one per scrape: a number, or `_` where the series was absent.
     """

@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 NOT_LOCAL: Mapping[str, str] = {
     "GPULoadExporterDown": "it is Prometheus's `up`: an exporter cannot observe that it cannot be "
     "scraped (a process that is down evaluates nothing)",
+    "GPULoadExporterAbsent": "it is Prometheus's `up` and kube-state-metrics: an exporter that is "
+    "not running evaluates nothing",
+    "GPUCountDropped": "it compares with the GPUs reported before a restart, which a restarted "
+    "exporter no longer has (gpuload never drops a GPU while it runs: a lost one reads gpu_up 0)",
+    "GPUVanished": "the same: a GPU goes missing only across a restart of the exporter",
 }
 # Parts of alerts that cannot be evaluated locally, though the alert is.
 PARTLY_LOCAL: Mapping[str, str] = {
@@ -53,6 +58,11 @@ FAMILIES = frozenset(
         "gpu_memory_used_bytes",
         "gpu_memory_total_bytes",
         "gpu_mig_memory_used_bytes",
+        "gpu_mig_memory_total_bytes",
+        "gpu_mig_sm_active_seconds_total",
+        "gpu_power_usage_watts",
+        "gpu_power_limit_watts",
+        "gpu_nvlink_link_down",
         "gpu_utilization_seconds_total",
         "gpu_idle_seconds_total",
         "gpu_dram_active_seconds_total",
@@ -229,42 +239,46 @@ class Context:
         self.now = now
         self.window = window
         # Several rules read the same window of the same family: selected once per evaluation.
-        self._windows: dict[str, dict[Labels, list[Point]]] = {}
+        self._windows: dict[tuple[str, float], dict[Labels, list[Point]]] = {}
 
     def latest(self, name: str, **matchers: str) -> Vector:
         """An instant selector ``name{label=~"regex"}`` (values anchored like PromQL's)."""
         return _match(self.history.latest(name), matchers)
 
-    def _in_window(self, name: str) -> dict[Labels, list[Point]]:
-        """``name[window]``, selected once per evaluation: several rules read the same."""
-        found = self._windows.get(name)
+    def _in_window(self, name: str, seconds: float) -> dict[Labels, list[Point]]:
+        """``name[seconds]``, selected once per evaluation: several rules read the same."""
+        found = self._windows.get((name, seconds))
         if found is None:
-            found = self._windows[name] = self.history.points(
-                name, self.now - self.window, self.now
+            found = self._windows[(name, seconds)] = self.history.points(
+                name, self.now - seconds, self.now
             )
         return found
 
-    def over_time(self, name: str, pick: Callable[[list[float]], float]) -> Vector:
+    def over_time(
+        self, name: str, pick: Callable[[list[float]], float], seconds: float | None = None
+    ) -> Vector:
         """``pick_over_time(name[window])``; the result drops the metric name like PromQL."""
         value = itemgetter(1)
         return {
             labels: pick(list(map(value, points)))
-            for labels, points in self._in_window(name).items()
+            for labels, points in self._in_window(name, seconds or self.window).items()
         }
 
-    def rate(self, name: str) -> Vector:
+    def rate(self, name: str, seconds: float | None = None) -> Vector:
         """``rate(name[window])``: a counter's per-second increase over the window."""
+        seconds = seconds or self.window
         result = {}
-        for labels, points in self._in_window(name).items():
-            value = rate(points, self.now - self.window, self.now)
+        for labels, points in self._in_window(name, seconds).items():
+            value = rate(points, self.now - seconds, self.now)
             if value is not None:
                 result[labels] = value
         return result
 
-    def whole_window_rate(self, name: str) -> Vector:
+    def whole_window_rate(self, name: str, seconds: float | None = None) -> Vector:
         """``rate(name[window]) and name offset window`` (rules.whole_window_rate)."""
-        scraped = self.offset(name, self.window)
-        return {labels: v for labels, v in self.rate(name).items() if labels in scraped}
+        seconds = seconds or self.window
+        scraped = self.offset(name, seconds)
+        return {labels: v for labels, v in self.rate(name, seconds).items() if labels in scraped}
 
     def increase(self, name: str, seconds: float, **matchers: str) -> Vector:
         """``increase(name{...}[seconds])``."""
@@ -316,16 +330,38 @@ def _avg(ctx: Context) -> Vector:
     return ctx.whole_window_rate("gpu_utilization_seconds_total")
 
 
+def _short(t: Thresholds) -> float:
+    return float(duration_seconds(t.short_window))
+
+
+def _avg_short(ctx: Context, t: Thresholds) -> Vector:
+    """gpu:gpu_utilization_seconds:rate1m, the mean utilization over the short window."""
+    return ctx.whole_window_rate("gpu_utilization_seconds_total", _short(t))
+
+
 def utilization_low(ctx: Context, t: Thresholds) -> Vector:
-    """rate5m < below and on (GPU) in_use."""
+    """rate1m < below and on (GPU) in_use."""
     below = t.alert("GPUUtilizationLow").number("below")
-    return and_on(where(_avg(ctx), lambda v: v < below), _in_use(ctx, t), GPU_KEYS)
+    return and_on(where(_avg_short(ctx, t), lambda v: v < below), _in_use(ctx, t), GPU_KEYS)
+
+
+def job_hung(ctx: Context, t: Thresholds) -> Vector:
+    """power_avg1m / limit < power_below and on (GPU) rate1m > above and on (GPU) in_use."""
+    above = t.alert("GPUUtilizationHigh").number("above")
+    power = binary(
+        ctx.over_time("gpu_power_usage_watts", lambda v: sum(v) / len(v), _short(t)),
+        ctx.latest("gpu_power_limit_watts"),
+        lambda usage, limit: usage / limit if limit else float("nan"),
+    )
+    low_power = where(power, lambda v: v < t.alert("GPUJobHung").number("power_below"))
+    busy = and_on(low_power, where(_avg_short(ctx, t), lambda v: v > above), GPU_KEYS)
+    return and_on(busy, _in_use(ctx, t), GPU_KEYS)
 
 
 def utilization_high(ctx: Context, t: Thresholds) -> Vector:
-    """rate5m > above."""
+    """rate1m > above unless on (GPU) (GPUJobHung's condition)."""
     above = t.alert("GPUUtilizationHigh").number("above")
-    return where(_avg(ctx), lambda v: v > above)
+    return unless_on(where(_avg_short(ctx, t), lambda v: v > above), job_hung(ctx, t), GPU_KEYS)
 
 
 def data_loader_starved(ctx: Context, t: Thresholds) -> Vector:
@@ -355,14 +391,17 @@ def memory_bandwidth_bound(ctx: Context, t: Thresholds) -> Vector:
 
 
 def memory_nearly_full(ctx: Context, t: Thresholds) -> Vector:
-    """gpu_memory_used_bytes / gpu_memory_total_bytes > used_above."""
+    """The memory used over total above used_above, of each GPU or each MIG instance."""
     above = t.alert("GPUMemoryNearlyFull").number("used_above")
-    used = binary(
-        ctx.latest("gpu_memory_used_bytes"),
-        ctx.latest("gpu_memory_total_bytes"),
-        lambda u, total: u / total if total else float("nan"),
+
+    def ratio(used: float, total: float) -> float:
+        return used / total if total else float("nan")
+
+    whole = binary(ctx.latest("gpu_memory_used_bytes"), ctx.latest("gpu_memory_total_bytes"), ratio)
+    mig = binary(
+        ctx.latest("gpu_mig_memory_used_bytes"), ctx.latest("gpu_mig_memory_total_bytes"), ratio
     )
-    return where(used, lambda v: v > above)
+    return or_(where(whole, lambda v: v > above), where(mig, lambda v: v > above))
 
 
 def load_imbalance(ctx: Context, t: Thresholds) -> Vector:
@@ -375,18 +414,41 @@ def load_imbalance(ctx: Context, t: Thresholds) -> Vector:
 
 
 def idle_allocated(ctx: Context, t: Thresholds) -> Vector:
-    """gpu_pod_info{mig_instance=""} * on (GPU) group_left () (rate5m < below)."""
+    """A whole GPU's rate5m, or a MIG instance's SM activity rate5m, below ``below``, per pod.
+
+    pod_info{mig_instance=""} * on (GPU) group_left () (rate5m < below) or
+    pod_info{mig_instance!=""} * on (GPU, mig_instance) group_left () (mig sm rate5m < below)
+    """
     below = t.alert("GPUIdleAllocated").number("below")
-    idle = {
-        _project(labels, GPU_KEYS): value
-        for labels, value in where(_avg(ctx), lambda v: v < below).items()
-    }
-    pods = ctx.latest("gpu_pod_info", mig_instance="")
-    return {
-        labels: value * idle[_project(labels, GPU_KEYS)]
-        for labels, value in pods.items()
-        if _project(labels, GPU_KEYS) in idle
-    }
+    mig_keys = (*GPU_KEYS, "mig_instance")
+
+    def joined(pods: Vector, busy: Vector, keys: tuple[str, ...]) -> Vector:
+        idle = {
+            _project(labels, keys): value
+            for labels, value in where(busy, lambda v: v < below).items()
+        }
+        return {
+            labels: value * idle[_project(labels, keys)]
+            for labels, value in pods.items()
+            if _project(labels, keys) in idle
+        }
+
+    whole = joined(ctx.latest("gpu_pod_info", mig_instance=""), _avg(ctx), GPU_KEYS)
+    mig = joined(
+        ctx.latest("gpu_pod_info", mig_instance=".+"),
+        ctx.whole_window_rate("gpu_mig_sm_active_seconds_total"),
+        mig_keys,
+    )
+    return or_(whole, mig)
+
+
+def mig_utilization_low(ctx: Context, t: Thresholds) -> Vector:
+    """The MIG SM activity rate1m < sm_active_below, where the instance holds memory > floor."""
+    below = t.alert("GPUMIGUtilizationLow").number("sm_active_below")
+    active = ctx.whole_window_rate("gpu_mig_sm_active_seconds_total", _short(t))
+    floor = t.in_use_memory_floor_bytes
+    used = where(ctx.latest("gpu_mig_memory_used_bytes"), lambda v: v > floor)
+    return and_on(where(active, lambda v: v < below), used, (*GPU_KEYS, "mig_instance"))
 
 
 def _clock_events(ctx: Context, reasons: str, above: float) -> Vector:
@@ -410,6 +472,11 @@ def power_capped(ctx: Context, t: Thresholds) -> Vector:
     )
 
 
+def hardware_slowdown(ctx: Context, t: Thresholds) -> Vector:
+    """The same with reason="hw_slowdown"."""
+    return _clock_events(ctx, "hw_slowdown", t.alert("GPUHardwareSlowdown").number("active_above"))
+
+
 def temperature_high(ctx: Context, t: Thresholds) -> Vector:
     """temp{sensor="gpu"} > ignoring(sensor) (slowdown - margin) or the fallback."""
     a = t.alert("GPUTemperatureHigh")
@@ -421,6 +488,12 @@ def temperature_high(ctx: Context, t: Thresholds) -> Vector:
         where(temperature, lambda v: v > a.number("fallback_celsius")), ("sensor",), max
     )
     return or_(above, unless_on(fallback, slowdown, GPU_KEYS))
+
+
+def memory_temperature_high(ctx: Context, t: Thresholds) -> Vector:
+    """temp{sensor="memory"} > above_celsius."""
+    above = t.alert("GPUMemoryTemperatureHigh").number("above_celsius")
+    return where(ctx.latest("gpu_temperature_celsius", sensor="memory"), lambda v: v > above)
 
 
 def pcie_link_degraded(ctx: Context, t: Thresholds) -> Vector:
@@ -440,20 +513,35 @@ def pcie_link_degraded(ctx: Context, t: Thresholds) -> Vector:
     return and_on(fraction, where(_avg(ctx), lambda v: v > busy), GPU_KEYS)
 
 
-def xid_error(ctx: Context, t: Thresholds) -> Vector:
-    """increase(xid{critical}[window]) > 0 or (xid{critical} > 0 unless xid offset window)."""
-    a = t.alert("GPUXidError")
-    seconds = duration_seconds(a.duration("window"))
-    critical = "|".join(str(code) for code in a.xids())
-    grown = where(ctx.increase("gpu_xid_errors_total", seconds, xid=critical), lambda v: v > 0)
-    current = where(ctx.latest("gpu_xid_errors_total", xid=critical), lambda v: v > 0)
-    new = unless_on(current, ctx.offset("gpu_xid_errors_total", seconds, xid=critical), None)
+def nvlink_down(ctx: Context, t: Thresholds) -> Vector:
+    """gpu_nvlink_link_down == 1."""
+    return where(ctx.latest("gpu_nvlink_link_down"), lambda v: v == 1)
+
+
+def _xid_increase(ctx: Context, codes: str, seconds: float) -> Vector:
+    """increase(xid{codes}[window]) > 0 or (xid{codes} > 0 unless xid{codes} offset window)."""
+    grown = where(ctx.increase("gpu_xid_errors_total", seconds, xid=codes), lambda v: v > 0)
+    current = where(ctx.latest("gpu_xid_errors_total", xid=codes), lambda v: v > 0)
+    new = unless_on(current, ctx.offset("gpu_xid_errors_total", seconds, xid=codes), None)
     return or_(grown, new)
 
 
+def xid_error(ctx: Context, t: Thresholds) -> Vector:
+    """The critical XIDs counted in the window."""
+    a = t.alert("GPUXidError")
+    critical = "|".join(str(code) for code in a.xids())
+    return _xid_increase(ctx, critical, duration_seconds(a.duration("window")))
+
+
+def recovery_action(ctx: Context, t: Thresholds) -> Vector:
+    """XID 154 counted in the window."""
+    window = t.alert("GPURecoveryActionRequired").duration("window")
+    return _xid_increase(ctx, "154", duration_seconds(window))
+
+
 def fell_off_bus(ctx: Context, t: Thresholds) -> Vector:
-    """gpu_up == 0."""
-    return where(ctx.latest("gpu_up"), lambda v: v == 0)
+    """The lost GPUs, without their UUID: max without (uuid) (gpu_up == 0)."""
+    return aggregate_without(where(ctx.latest("gpu_up"), lambda v: v == 0), ("uuid",), max)
 
 
 def ecc_uncorrectable(ctx: Context, t: Thresholds) -> Vector:
@@ -508,16 +596,22 @@ def stale(ctx: Context, t: Thresholds) -> Vector:
 CONDITIONS: Mapping[str, Callable[[Context, Thresholds], Vector]] = {
     "GPUUtilizationLow": utilization_low,
     "GPUUtilizationHigh": utilization_high,
+    "GPUJobHung": job_hung,
     "GPUDataLoaderStarved": data_loader_starved,
     "GPUMemoryBandwidthBound": memory_bandwidth_bound,
     "GPUMemoryNearlyFull": memory_nearly_full,
     "GPULoadImbalance": load_imbalance,
     "GPUIdleAllocated": idle_allocated,
+    "GPUMIGUtilizationLow": mig_utilization_low,
     "GPUThermalThrottling": thermal_throttling,
     "GPUPowerCapped": power_capped,
+    "GPUHardwareSlowdown": hardware_slowdown,
     "GPUTemperatureHigh": temperature_high,
+    "GPUMemoryTemperatureHigh": memory_temperature_high,
     "GPUPCIeLinkDegraded": pcie_link_degraded,
+    "GPUNVLinkDown": nvlink_down,
     "GPUXidError": xid_error,
+    "GPURecoveryActionRequired": recovery_action,
     "GPUFellOffBus": fell_off_bus,
     "GPUECCUncorrectable": ecc_uncorrectable,
     "GPURowRemapPending": row_remap_pending,
@@ -536,6 +630,7 @@ class LocalRule:
     for_seconds: float
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
+    keep_firing_seconds: float = 0.0
 
 
 def local_rules(thresholds: Thresholds) -> list[LocalRule]:
@@ -544,6 +639,8 @@ def local_rules(thresholds: Thresholds) -> list[LocalRule]:
     found = []
     for group in document["groups"]:
         for rule in group["rules"]:
+            if "alert" not in rule:
+                continue  # a recording rule of an alert group
             if rule["alert"] in NOT_LOCAL or rule["alert"] not in CONDITIONS:
                 # An alert without a local condition yet: tests/test_local_alerting.py says so.
                 continue
@@ -553,6 +650,7 @@ def local_rules(thresholds: Thresholds) -> list[LocalRule]:
                     for_seconds=float(duration_seconds(rule.get("for", "0s"))),
                     labels=dict(rule.get("labels", {})),
                     annotations=dict(rule.get("annotations", {})),
+                    keep_firing_seconds=float(duration_seconds(rule.get("keep_firing_for", "0s"))),
                 )
             )
     return found
@@ -569,6 +667,8 @@ class Alert:
     active_since: float
     firing_since: float | None = None
     resolved_at: float | None = None
+    # When the condition of a firing alert with keep_firing_for stopped holding.
+    kept_since: float | None = None
 
     @property
     def state(self) -> str:
@@ -586,13 +686,18 @@ class _RuleState:
 
 def history_horizon(thresholds: Thresholds, keep: float = 60.0) -> Callable[[str], float]:
     """How long the evaluator (and the status page's doctor) needs each family's samples."""
-    window = float(duration_seconds(thresholds.window))
+    # The longer of the two windows, and a sample from before it: rates need it whole.
+    window = float(
+        max(duration_seconds(thresholds.window), duration_seconds(thresholds.short_window))
+    )
     xid = duration_seconds(thresholds.alert("GPUXidError").duration("window")) + LOOKBACK_SECONDS
     ecc = float(duration_seconds(thresholds.alert("GPUECCUncorrectable").duration("window")))
     windowed = {
         "gpu_utilization_seconds_total",
         "gpu_idle_seconds_total",
         "gpu_clock_event_active",
+        "gpu_power_usage_watts",
+        "gpu_mig_sm_active_seconds_total",
         *(f"gpu_{ratio}_seconds_total" for ratio in rules.GPM_RATIOS),
     }
 
@@ -602,7 +707,6 @@ def history_horizon(thresholds: Thresholds, keep: float = 60.0) -> Callable[[str
         if name == "gpu_ecc_errors_total":
             return max(ecc, keep)
         if name in windowed:
-            # The window, and a sample from before it: rates need a whole window scraped.
             return window + keep
         return keep
 
@@ -680,7 +784,15 @@ class Evaluator:
         changed = []
         for series in list(state.active):
             if series not in result:
-                alert = state.active.pop(series)
+                alert = state.active[series]
+                if alert.firing_since is not None and rule.keep_firing_seconds:
+                    # Prometheus's keep_firing_for: still firing, with its last value, until the
+                    # condition has been gone that long.
+                    kept_since = alert.kept_since if alert.kept_since is not None else now
+                    if now - kept_since < rule.keep_firing_seconds:
+                        state.active[series] = replace(alert, kept_since=kept_since)
+                        continue
+                del state.active[series]
                 if alert.firing_since is not None:
                     changed.append(replace(alert, resolved_at=now))
         for series, value in result.items():

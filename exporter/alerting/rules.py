@@ -36,6 +36,14 @@ WHERE = (
     "{{ with $labels.node }} (node {{ . }}){{ end }}"
 )
 INSTANCE = "{{ $labels.instance }}{{ with $labels.node }} (node {{ . }}){{ end }}"
+MIG_INSTANCE = (
+    "{{ with $labels.mig_instance }}, MIG instance {{ . }} ({{ $labels.mig_profile }}){{ end }}"
+)
+
+# The `value` annotation of each alert, which notifications show: the measured value, formatted.
+PERCENT = "{{ $value | humanizePercentage }}"
+CELSIUS = "{{ $value | humanize }} °C"
+COUNT = '{{ $value | printf "%.0f" }}'
 
 # The GPM profiling metrics whose counters of seconds get a windowed rate; the pipes are the
 # arithmetic units whose busiest one tells compute-bound from memory-bound work.
@@ -66,6 +74,7 @@ def rule_files(thresholds: Thresholds) -> dict[str, dict[str, Any]]:
             "groups": [
                 {"name": "gpuload.utilization", "rules": utilization_alerts(thresholds)},
                 {"name": "gpuload.health", "rules": health_alerts(thresholds)},
+                inventory_group(thresholds),
                 {"name": "gpuload.exporter", "rules": exporter_alerts(thresholds)},
             ]
         },
@@ -84,16 +93,20 @@ def recording_names(thresholds: Thresholds) -> dict[str, str]:
     ``avg`` is the mean utilization over the window, ``idle`` the fraction of it the GPU sat
     fully idle; each GPM metric's role is its own name (``dram_active``).
     """
-    w = thresholds.window
+    w, short = thresholds.window, thresholds.short_window
     return {
         "avg": f"gpu:gpu_utilization_seconds:rate{w}",
-        "avg1m": "gpu:gpu_utilization_seconds:rate1m",
+        "avg_short": f"gpu:gpu_utilization_seconds:rate{short}",
         "idle": f"gpu:gpu_idle_seconds:rate{w}",
         "in_use": "gpu:gpu_in_use:group",
         "memory_used": "gpu:gpu_memory_used:ratio",
         "clock_events": f"gpu:gpu_clock_event_active:avg{w}",
         "pipes": f"gpu:gpu_compute_pipe_active_seconds:max_rate{w}",
         **{ratio: f"gpu:gpu_{ratio}_seconds:rate{w}" for ratio in GPM_RATIOS},
+        "mig_sm_active": f"gpu:gpu_mig_sm_active_seconds:rate{w}",
+        "mig_sm_active_short": f"gpu:gpu_mig_sm_active_seconds:rate{short}",
+        "power_short": f"gpu:gpu_power_usage:ratio_avg{short}",
+        "gpu_count": "instance:gpu_up:count",
         "pcie_capacity": "gpu:gpu_pcie_link_capacity_bytes:per_second",
         "pcie_busy": f"gpu:gpu_pcie_link_busy:ratio_rate{w}",
         "nvlink_busy": f"gpu:gpu_nvlink_busy:ratio_rate{w}",
@@ -123,8 +136,13 @@ def recording_group(thresholds: Thresholds) -> dict[str, Any]:
     w = thresholds.window
     floor = thresholds.in_use_memory_floor_bytes
     pipes = "|".join(COMPUTE_PIPES)
+    short = thresholds.short_window
     rules: list[Rule] = [
-        {"record": names["avg1m"], "expr": "rate(gpu_utilization_seconds_total[1m])"},
+        {
+            # The sustained utilization alerts hold when every short window's mean does.
+            "record": names["avg_short"],
+            "expr": whole_window_rate("gpu_utilization_seconds_total", short),
+        },
         {"record": names["avg"], "expr": whole_window_rate("gpu_utilization_seconds_total", w)},
         {
             # The fraction of the window in which the GPU ran no kernel at all.
@@ -164,6 +182,22 @@ def recording_group(thresholds: Thresholds) -> dict[str, Any]:
         {"record": names[ratio], "expr": whole_window_rate(f"gpu_{ratio}_seconds_total", w)}
         for ratio in GPM_RATIOS
     ]
+    rules += [
+        {
+            # A MIG instance's load: NVML has no utilization per instance, GPM has SM activity.
+            "record": names["mig_sm_active"],
+            "expr": whole_window_rate("gpu_mig_sm_active_seconds_total", w),
+        },
+        {
+            "record": names["mig_sm_active_short"],
+            "expr": whole_window_rate("gpu_mig_sm_active_seconds_total", short),
+        },
+        {
+            # The power drawn as a fraction of the limit (a gauge: no counter of energy is read).
+            "record": names["power_short"],
+            "expr": f"avg_over_time(gpu_power_usage_watts[{short}]) / gpu_power_limit_watts",
+        },
+    ]
     rules.append(
         {
             # The busiest arithmetic pipe; whichever of them a GPU reports.
@@ -187,11 +221,9 @@ def fleet_group(thresholds: Thresholds) -> dict[str, Any]:
     thresholds: one in use without a busy ratio yet (a new node) is unmeasured.
     """
     names = recording_names(thresholds)
-    w = thresholds.window
     low = _num(thresholds.alert("GPUUtilizationLow").number("below"))
     high = _num(thresholds.alert("GPUUtilizationHigh").number("above"))
-    mig_rate = whole_window_rate("gpu_mig_sm_active_seconds_total", w).replace("\n", "\n    ")
-    mig_active = f"(\n    {mig_rate}\n  )"
+    mig_active = names["mig_sm_active"]
     # The SMs of each GPU instance: the sum over its compute instances.
     mig_sms = "sum without (mig_compute_instance, mig_profile) (gpu_mig_multiprocessors)"
     mig = f"{GPU}, mig_instance"
@@ -398,36 +430,78 @@ def starved_condition(thresholds: Thresholds) -> str:
     )
 
 
-def utilization_alerts(thresholds: Thresholds) -> list[Rule]:
-    """Return the alerts about how well the GPUs are used: idle, saturated, starved, bound."""
+def hung_condition(thresholds: Thresholds) -> str:
+    """GPUJobHung's condition, which GPUUtilizationHigh excludes; its value is the power ratio.
+
+    Busy by NVML's utilization over the short window, yet drawing less than ``power_below`` of
+    the power limit: kernels are resident (a hung NCCL collective spins in one) but do no
+    arithmetic and move no memory, which is what draws power.
+    """
     names = recording_names(thresholds)
-    w = thresholds.window
+    high = thresholds.alert("GPUUtilizationHigh")
+    hung = thresholds.alert("GPUJobHung")
+    return (
+        f"{names['power_short']} < {_num(hung.number('power_below'))}\n"
+        f"and on ({GPU}) {names['avg_short']} > {_num(high.number('above'))}\n"
+        f"and on ({GPU}) {names['in_use']}"
+    )
+
+
+def utilization_alerts(thresholds: Thresholds) -> list[Rule]:
+    """Return the alerts about how well the GPUs are used: idle, saturated, hung, starved, bound."""
+    names = recording_names(thresholds)
+    w, short = thresholds.window, thresholds.short_window
+    floor = thresholds.in_use_memory_floor_bytes
     in_use = f"and on ({GPU}) {names['in_use']}"
     low = thresholds.alert("GPUUtilizationLow")
     high = thresholds.alert("GPUUtilizationHigh")
+    hung = thresholds.alert("GPUJobHung")
     starved = thresholds.alert("GPUDataLoaderStarved")
     bound = thresholds.alert("GPUMemoryBandwidthBound")
     full = thresholds.alert("GPUMemoryNearlyFull")
     imbalance = thresholds.alert("GPULoadImbalance")
     idle = thresholds.alert("GPUIdleAllocated")
+    mig_low = thresholds.alert("GPUMIGUtilizationLow")
     in_use_avg = f"{names['avg']} {in_use}"
+    mig = f"{GPU}, mig_instance"
+
+    def held(name: str) -> str:
+        """'Held for 5 minutes': the alert's `for:`, over the mean of every short window."""
+        return f"for {thresholds.alert(name).for_} (the mean of every {short} window)"
+
+    hung_indented = hung_condition(thresholds).replace("\n", "\n  ")
     return [
         _alert(
             thresholds,
             "GPUUtilizationLow",
-            f"{names['avg']} < {_num(low.number('below'))}\n{in_use}",
+            f"{names['avg_short']} < {_num(low.number('below'))}\n{in_use}",
             "A GPU in use is mostly idle",
-            f"{WHERE} has work on it but averaged {{{{ $value | humanizePercentage }}}}"
-            f" utilization over the last {w}, below {_pct(low.number('below'))}:"
-            " it waits on something other than its own compute.",
+            f"{WHERE} has work on it but its utilization stayed below"
+            f" {_pct(low.number('below'))} {held('GPUUtilizationLow')};"
+            f" {PERCENT} over the last one: it waits on something other than its own compute.",
+            value=PERCENT,
         ),
         _alert(
             thresholds,
             "GPUUtilizationHigh",
-            f"{names['avg']} > {_num(high.number('above'))}",
+            f"{names['avg_short']} > {_num(high.number('above'))}\n"
+            f"unless on ({GPU}) (\n  {hung_indented}\n)",
             "A GPU is saturated",
-            f"{WHERE} averaged {{{{ $value | humanizePercentage }}}} utilization over the last"
-            f" {w}, above {_pct(high.number('above'))}: it has no headroom left.",
+            f"{WHERE} kept its utilization above {_pct(high.number('above'))}"
+            f" {held('GPUUtilizationHigh')} while drawing the power of real work; {PERCENT} over"
+            " the last one: it has no headroom left.",
+            value=PERCENT,
+        ),
+        _alert(
+            thresholds,
+            "GPUJobHung",
+            hung_condition(thresholds),
+            "A GPU looks busy but does no work",
+            f"{WHERE} has run kernels all the time {held('GPUJobHung')} while drawing only"
+            f" {{{{ $value | humanizePercentage }}}} of its power limit (below"
+            f" {_pct(hung.number('power_below'))}): kernels wait without computing, the sign of"
+            " a hung collective (NCCL) or a deadlock.",
+            value=PERCENT + " of the power limit",
         ),
         _alert(
             thresholds,
@@ -438,6 +512,7 @@ def utilization_alerts(thresholds: Thresholds) -> list[Rule]:
             f" {w} and sat fully idle, no kernel running, more than"
             f" {_pct(starved.number('idle_above'))} of it: it finishes each batch and waits for"
             " the next one, the input pipeline does not keep up.",
+            value=PERCENT,
         ),
         _alert(
             thresholds,
@@ -450,14 +525,22 @@ def utilization_alerts(thresholds: Thresholds) -> list[Rule]:
             f"{WHERE} kept its memory interface active {{{{ $value | humanizePercentage }}}}"
             f" of the time over the last {w} while its busiest compute pipe stayed below"
             f" {_pct(bound.number('compute_pipes_below'))}: the work is bound by memory bandwidth.",
+            value=PERCENT + " DRAM active",
         ),
         _alert(
             thresholds,
             "GPUMemoryNearlyFull",
-            f"{names['memory_used']} > {_num(full.number('used_above'))}",
+            (
+                f"{names['memory_used']} > {_num(full.number('used_above'))}\n"
+                "or\n"
+                "gpu_mig_memory_used_bytes / gpu_mig_memory_total_bytes"
+                f" > {_num(full.number('used_above'))}"
+            ),
             "A GPU's memory is nearly full",
-            f"{WHERE} has {{{{ $value | humanizePercentage }}}} of its memory in use (above"
-            f" {_pct(full.number('used_above'))}): the next allocation peak may run out of memory.",
+            f"{WHERE}{MIG_INSTANCE} has {{{{ $value | humanizePercentage }}}} of its memory in use"
+            f" (above {_pct(full.number('used_above'))}): the next allocation peak may run out"
+            " of memory.",
+            value=PERCENT + " used",
         ),
         _alert(
             thresholds,
@@ -472,66 +555,101 @@ def utilization_alerts(thresholds: Thresholds) -> list[Rule]:
             f" in {w} average utilization (more than"
             f" {_points(imbalance.number('spread_above'))} points between the busiest and the"
             " idlest): uneven batches or a straggler.",
+            value=PERCENT + " spread",
         ),
         _alert(
             thresholds,
             "GPUIdleAllocated",
-            # gpu_pod_info on the left: a time-sliced GPU has several pods, one alert each.
-            # A MIG instance has no whole-GPU utilization, so only whole GPUs match.
+            # gpu_pod_info on the left: a time-sliced GPU has several pods, one alert each. A
+            # whole GPU is judged by its utilization, a MIG instance by its SM activity.
             (
                 'gpu_pod_info{mig_instance=""}\n'
                 f"* on ({GPU}) group_left ()\n"
-                f"({names['avg']} < {_num(idle.number('below'))})"
+                f"({names['avg']} < {_num(idle.number('below'))})\n"
+                "or\n"
+                'gpu_pod_info{mig_instance!=""}\n'
+                f"* on ({mig}) group_left ()\n"
+                f"({names['mig_sm_active']} < {_num(idle.number('below'))})"
             ),
             "A GPU allocated to a pod sits idle",
-            f"{WHERE} is allocated to pod {{{{ $labels.namespace }}}}/{{{{ $labels.pod }}}}"
-            " (container {{ $labels.container }}) but averaged"
-            f" {{{{ $value | humanizePercentage }}}} utilization over the last {w}, below"
+            f"{WHERE}{MIG_INSTANCE} is allocated to pod"
+            " {{ $labels.namespace }}/{{ $labels.pod }} (container {{ $labels.container }}) but"
+            f" was busy {{{{ $value | humanizePercentage }}}} of the last {w}, below"
             f" {_pct(idle.number('below'))}: the pod holds a GPU it does not use.",
+            value=PERCENT,
+        ),
+        _alert(
+            thresholds,
+            "GPUMIGUtilizationLow",
+            (
+                f"{names['mig_sm_active_short']} < {_num(mig_low.number('sm_active_below'))}\n"
+                f"and on ({mig}) gpu_mig_memory_used_bytes > {floor}"
+            ),
+            "A MIG instance in use is mostly idle",
+            f"{WHERE}{MIG_INSTANCE} holds memory but its SMs stayed busy less than"
+            f" {_pct(mig_low.number('sm_active_below'))} of the time"
+            f" {held('GPUMIGUtilizationLow')}; {PERCENT} over the last one.",
+            value=PERCENT + " SM active",
         ),
     ]
 
 
 def health_alerts(thresholds: Thresholds) -> list[Rule]:
-    """Return the alerts about the hardware: heat, power, PCIe, XIDs, memory errors, lost GPUs."""
+    """Return the alerts about the hardware: heat, power, links, XIDs, memory errors, lost GPUs."""
     names = recording_names(thresholds)
     w = thresholds.window
     thermal = thresholds.alert("GPUThermalThrottling")
     power = thresholds.alert("GPUPowerCapped")
+    slowdown = thresholds.alert("GPUHardwareSlowdown")
     temperature = thresholds.alert("GPUTemperatureHigh")
+    memory_temperature = thresholds.alert("GPUMemoryTemperatureHigh")
     pcie = thresholds.alert("GPUPCIeLinkDegraded")
     xid = thresholds.alert("GPUXidError")
+    recovery = thresholds.alert("GPURecoveryActionRequired")
     ecc = thresholds.alert("GPUECCUncorrectable")
     margin = _num(temperature.number("margin_celsius"))
     fallback = _num(temperature.number("fallback_celsius"))
+    memory_above = _num(memory_temperature.number("above_celsius"))
     xids = "|".join(str(code) for code in xid.xids())
-    xid_window = xid.duration("window")
     ecc_window = ecc.duration("window")
     uncorrected = 'gpu_ecc_errors_total{type="uncorrected",counter="volatile"}'
-    critical_xid = f'gpu_xid_errors_total{{xid=~"{xids}"}}'
+    events = names["clock_events"]
     return [
         _alert(
             thresholds,
             "GPUThermalThrottling",
             (
-                f'max without (reason) ({names["clock_events"]}{{reason=~"sw_thermal|hw_thermal"}})'
+                f'max without (reason) ({events}{{reason=~"sw_thermal|hw_thermal"}})'
                 f"\n> {_num(thermal.number('active_above'))}"
             ),
             "A GPU is slowed down by heat",
             f"{WHERE} had its clocks cut by thermal slowdown {{{{ $value | humanizePercentage }}}}"
             f" of the last {w}.",
+            value=PERCENT + " of the time",
         ),
         _alert(
             thresholds,
             "GPUPowerCapped",
             (
-                f"max without (reason) ("
-                f'{names["clock_events"]}{{reason=~"sw_power_cap|hw_power_brake"}})'
+                f'max without (reason) ({events}{{reason=~"sw_power_cap|hw_power_brake"}})'
                 f"\n> {_num(power.number('active_above'))}"
             ),
             "A GPU is held down by its power limit",
             f"{WHERE} had its clocks held down by its power limit or an external power brake"
             f" {{{{ $value | humanizePercentage }}}} of the last {w}.",
+            value=PERCENT + " of the time",
+        ),
+        _alert(
+            thresholds,
+            "GPUHardwareSlowdown",
+            (
+                f'max without (reason) ({events}{{reason="hw_slowdown"}})'
+                f"\n> {_num(slowdown.number('active_above'))}"
+            ),
+            "A GPU's hardware cut its clocks",
+            f"{WHERE} had hardware slowdown engaged (clocks cut by half or more: heat, a power"
+            f" brake or the power supply) {{{{ $value | humanizePercentage }}}} of the last {w}.",
+            value=PERCENT + " of the time",
         ),
         _alert(
             thresholds,
@@ -546,6 +664,16 @@ def health_alerts(thresholds: Thresholds) -> list[Rule]:
             "A GPU is close to its slowdown temperature",
             f"{WHERE} is at {{{{ $value | humanize }}}} °C, less than {margin} °C below its"
             f" slowdown threshold (or above {fallback} °C where it reports none).",
+            value=CELSIUS,
+        ),
+        _alert(
+            thresholds,
+            "GPUMemoryTemperatureHigh",
+            f'gpu_temperature_celsius{{sensor="memory"}} > {memory_above}',
+            "A GPU's memory is close to its temperature limit",
+            f"{WHERE} has its memory (HBM) at {{{{ $value | humanize }}}} °C, above"
+            f" {memory_above} °C: near its maximum operating temperature, where it is throttled.",
+            value=CELSIUS,
         ),
         _alert(
             thresholds,
@@ -562,27 +690,48 @@ def health_alerts(thresholds: Thresholds) -> list[Rule]:
             f"{WHERE} is busy but its PCIe link gives {{{{ $value | humanizePercentage }}}} of"
             " its maximum bandwidth: it trained at a lower generation or fewer lanes than"
             " it supports.",
+            value=PERCENT + " of its bandwidth",
+        ),
+        _alert(
+            thresholds,
+            "GPUNVLinkDown",
+            "gpu_nvlink_link_down == 1",
+            "An NVLink link of a GPU is down",
+            f"{WHERE} has NVLink link {{{{ $labels.link }}}} inactive while its other links are"
+            " up: traffic over it falls back to other paths, or collectives stall.",
+            value="link {{ $labels.link }} down",
         ),
         _alert(
             thresholds,
             "GPUXidError",
-            (
-                f"increase({critical_xid}[{xid_window}]) > 0\n"
-                "or\n"
-                # A counter whose first sample is already non-zero: increase() cannot see it.
-                f"({critical_xid} > 0 unless {critical_xid} offset {xid_window})"
-            ),
+            _xid_increase(f'xid=~"{xids}"', xid.duration("window")),
             "A GPU reported a critical XID error",
             f"{WHERE} reported XID {{{{ $labels.xid }}}}"
-            f' ({{{{ $value | printf "%.0f" }}}} in the last {xid_window}):'
+            f' ({{{{ $value | printf "%.0f" }}}} in the last {xid.duration("window")}):'
             " see the runbook for what this code needs (reset, drain or service).",
+            value=f"{COUNT} of XID {{{{ $labels.xid }}}}",
+        ),
+        _alert(
+            thresholds,
+            "GPURecoveryActionRequired",
+            _xid_increase('xid="154"', recovery.duration("window")),
+            "A GPU needs a recovery action",
+            f'{WHERE} reported XID 154 ({{{{ $value | printf "%.0f" }}}} in the last'
+            f" {recovery.duration('window')}): the driver asks for a recovery action (a GPU"
+            " reset, a node reboot or a drain); the kernel log names which.",
+            value=f"{COUNT} of XID 154",
         ),
         _alert(
             thresholds,
             "GPUFellOffBus",
-            "gpu_up == 0",
+            # Without the UUID: after an exporter restart NVML cannot read a lost GPU's UUID
+            # (GPU_IS_LOST), and the alert must stay the same alert across the restart.
+            "max without (uuid) (gpu_up == 0)",
             "A GPU has fallen off the bus",
-            f"{WHERE} no longer answers NVML (GPU is lost): it has fallen off the bus.",
+            "GPU {{ $labels.gpu }} on {{ $labels.instance }}"
+            "{{ with $labels.node }} (node {{ . }}){{ end }}"
+            " no longer answers NVML (GPU is lost): it has fallen off the bus.",
+            value="lost (gpu_up 0)",
         ),
         _alert(
             thresholds,
@@ -598,6 +747,7 @@ def health_alerts(thresholds: Thresholds) -> list[Rule]:
             "A GPU had uncorrectable memory errors",
             f'{WHERE} counted {{{{ $value | printf "%.0f" }}}} uncorrectable ECC errors since'
             f" its driver was loaded (or in the last {ecc_window}).",
+            value=f"{COUNT} errors",
         ),
         _alert(
             thresholds,
@@ -607,6 +757,7 @@ def health_alerts(thresholds: Thresholds) -> list[Rule]:
             "A GPU needs a reset to repair its memory",
             f"{WHERE} has a memory row remapping (or page retirement) pending: it takes effect at"
             " the next GPU reset.",
+            value="remap pending",
         ),
         _alert(
             thresholds,
@@ -614,22 +765,101 @@ def health_alerts(thresholds: Thresholds) -> list[Rule]:
             "gpu_row_remap_failed == 1",
             "A GPU failed to repair its memory",
             f"{WHERE} failed to remap a memory row: it needs service.",
+            value="remap failed",
         ),
     ]
 
 
+def _xid_increase(matcher: str, window: str) -> str:
+    """XIDs of the codes ``matcher`` selects counted in the last ``window``."""
+    selector = f"gpu_xid_errors_total{{{matcher}}}"
+    return (
+        f"increase({selector}[{window}]) > 0\n"
+        "or\n"
+        # A counter whose first sample is already non-zero: increase() cannot see it.
+        f"({selector} > 0 unless {selector} offset {window})"
+    )
+
+
+def inventory_group(thresholds: Thresholds) -> dict[str, Any]:
+    """Return the GPUs that went missing: fewer than a node had, or one no longer reported.
+
+    A group of its own, evaluated once a minute: its ranges span hours, and a GPU that has gone
+    stays gone, so a minute's delay costs nothing. Not evaluated locally: a restarted exporter no
+    longer has the GPUs it reported before, and cannot see whether it is scraped.
+    """
+    names = recording_names(thresholds)
+    dropped = thresholds.alert("GPUCountDropped").duration("lookback")
+    vanished = thresholds.alert("GPUVanished").duration("lookback")
+    count = names["gpu_count"]
+    exporter_up = f'up{{job=~"{thresholds.exporter_job_regex}"}} == 1'
+    return {
+        "name": "gpuload.inventory",
+        "interval": "1m",
+        "rules": [
+            {
+                # Every GPU an exporter reports, lost ones included, per target.
+                "record": count,
+                "expr": "count without (gpu, uuid) (gpu_up)",
+            },
+            _alert(
+                thresholds,
+                "GPUCountDropped",
+                f"max_over_time({count}[{dropped}]) - {count} > 0",
+                "A node reports fewer GPUs than it had",
+                f'gpuload on {INSTANCE} reports {{{{ $value | printf "%.0f" }}}} GPU(s) fewer'
+                f" than at its most in the last {dropped}: the driver no longer sees them.",
+                value=f"{COUNT} missing",
+            ),
+            _alert(
+                thresholds,
+                "GPUVanished",
+                (
+                    f"last_over_time(gpu_up[{vanished}])\n"
+                    "unless on (instance, job, uuid) gpu_up\n"
+                    # A lost GPU read after a restart has no UUID: GPUFellOffBus names it.
+                    "unless on (instance, job, gpu) gpu_up == 0\n"
+                    f"and on (instance, job) {exporter_up}"
+                ),
+                "A GPU is no longer reported",
+                f"{WHERE} was reported in the last {vanished} and is no longer, while gpuload"
+                " there is up: the driver no longer enumerates it.",
+                value="no longer reported",
+            ),
+        ],
+    }
+
+
 def exporter_alerts(thresholds: Thresholds) -> list[Rule]:
-    """Return the alerts about gpuload itself: down, failing collectors, no NVML, stale data."""
+    """Return the alerts about gpuload itself: down or absent, failing, without NVML, stale."""
     stale = thresholds.alert("GPULoadStale")
     max_age = duration_seconds(stale.duration("max_age"))
+    job = f'job=~"{thresholds.exporter_job_regex}"'
     return [
         _alert(
             thresholds,
             "GPULoadExporterDown",
-            f'up{{job=~"{thresholds.exporter_job_regex}"}} == 0',
+            f"up{{{job}}} == 0",
             "gpuload cannot be scraped",
             f"Prometheus cannot scrape gpuload on {INSTANCE} (job {{{{ $labels.job }}}}):"
             " the GPUs there are not monitored.",
+            value="up 0",
+        ),
+        _alert(
+            thresholds,
+            "GPULoadExporterAbsent",
+            (
+                f"absent(up{{{job}}})\n"
+                "or\n"
+                # kube-state-metrics: a node that advertises GPUs, with no gpuload target on it.
+                'group by (node) (kube_node_status_capacity{resource="nvidia_com_gpu"} > 0)\n'
+                f"unless on (node) group by (node) (up{{{job}}})"
+            ),
+            "gpuload is not running where GPUs are",
+            "{{ if $labels.node }}Node {{ $labels.node }} has GPUs but no gpuload target:"
+            "{{ else }}Prometheus has no gpuload target at all:{{ end }}"
+            " its GPUs are not monitored (no pod of the DaemonSet, or no scrape config finds it).",
+            value="no target",
         ),
         _alert(
             thresholds,
@@ -639,6 +869,7 @@ def exporter_alerts(thresholds: Thresholds) -> list[Rule]:
             "A gpuload collector keeps failing",
             "The {{ $labels.collector }} collector of gpuload on"
             f" {INSTANCE} fails: its metrics are missing or stale.",
+            value="{{ $labels.collector }} failing",
         ),
         _alert(
             thresholds,
@@ -647,6 +878,7 @@ def exporter_alerts(thresholds: Thresholds) -> list[Rule]:
             "gpuload cannot use the NVIDIA driver",
             f"gpuload on {INSTANCE} cannot initialise NVML: the NVIDIA driver or its library is"
             " missing or broken, so no GPU there is monitored.",
+            value="nvml_up 0",
         ),
         _alert(
             thresholds,
@@ -663,19 +895,25 @@ def exporter_alerts(thresholds: Thresholds) -> list[Rule]:
             f"gpuload on {INSTANCE} last finished a collection"
             " {{ $value | humanizeDuration }} ago."
             "{{ end }}",
+            value="{{ if $labels.gpu }}stale{{ else }}{{ $value | humanizeDuration }} old{{ end }}",
         ),
     ]
 
 
-def _alert(thresholds: Thresholds, name: str, expr: str, summary: str, description: str) -> Rule:
+def _alert(
+    thresholds: Thresholds, name: str, expr: str, summary: str, description: str, *, value: str
+) -> Rule:
     settings = thresholds.alert(name)
     rule: Rule = {"alert": name, "expr": expr}
     if duration_seconds(settings.for_):
         rule["for"] = settings.for_
+    if duration_seconds(settings.keep_firing_for):
+        rule["keep_firing_for"] = settings.keep_firing_for
     rule["labels"] = {"severity": settings.severity}
     rule["annotations"] = {
         "summary": summary,
         "description": description,
+        "value": value,
         "runbook_url": thresholds.runbook_url(name),
     }
     return rule

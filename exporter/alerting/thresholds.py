@@ -25,27 +25,37 @@ RUNBOOKS_PATH = Path(__file__).parent / "data" / "runbooks.md"
 
 SEVERITIES = ("info", "warning", "critical")
 
-# Each alert and the parameters it takes besides `severity` and `for`, with their kinds:
+# Each alert and the parameters it takes besides `severity`, `for` and `keep_firing_for`, with
+# their kinds:
 # "ratio" (0..1), "number", "duration" (a Prometheus duration) or "xids" (a list of XID codes).
 # The order is the order of the alerts in the rendered files.
 PARAMETERS: Mapping[str, Mapping[str, str]] = {
     "GPUUtilizationLow": {"below": "ratio"},
     "GPUUtilizationHigh": {"above": "ratio"},
+    "GPUJobHung": {"power_below": "ratio"},
     "GPUDataLoaderStarved": {"average_below": "ratio", "idle_above": "ratio"},
     "GPUMemoryBandwidthBound": {"dram_active_above": "ratio", "compute_pipes_below": "ratio"},
     "GPUMemoryNearlyFull": {"used_above": "ratio"},
     "GPULoadImbalance": {"spread_above": "ratio"},
     "GPUIdleAllocated": {"below": "ratio"},
+    "GPUMIGUtilizationLow": {"sm_active_below": "ratio"},
     "GPUThermalThrottling": {"active_above": "ratio"},
     "GPUPowerCapped": {"active_above": "ratio"},
+    "GPUHardwareSlowdown": {"active_above": "ratio"},
     "GPUTemperatureHigh": {"margin_celsius": "number", "fallback_celsius": "number"},
+    "GPUMemoryTemperatureHigh": {"above_celsius": "number"},
     "GPUPCIeLinkDegraded": {"busy_above": "ratio"},
+    "GPUNVLinkDown": {},
     "GPUXidError": {"window": "duration", "xids": "xids"},
+    "GPURecoveryActionRequired": {"window": "duration"},
     "GPUFellOffBus": {},
     "GPUECCUncorrectable": {"window": "duration"},
     "GPURowRemapPending": {},
     "GPURowRemapFailed": {},
+    "GPUCountDropped": {"lookback": "duration"},
+    "GPUVanished": {"lookback": "duration"},
     "GPULoadExporterDown": {},
+    "GPULoadExporterAbsent": {},
     "GPULoadCollectorFailing": {},
     "GPULoadNVMLDown": {},
     "GPULoadStale": {"max_age": "duration"},
@@ -81,6 +91,8 @@ class AlertThresholds:
     severity: str
     for_: str
     parameters: Mapping[str, Any]
+    # How long a firing alert keeps firing after its condition stops holding ("0s": not at all).
+    keep_firing_for: str = "0s"
 
     def number(self, key: str) -> float:
         """Return a ratio or number parameter."""
@@ -111,6 +123,7 @@ class Thresholds:
     exporter_job_regex: str
     in_use_memory_floor_bytes: int
     window: str
+    short_window: str
     alerts: Mapping[str, AlertThresholds]
     bottlenecks: BottleneckThresholds
 
@@ -151,6 +164,7 @@ def parse(document: object, origin: str = "thresholds") -> Thresholds:
             "exporter_job_regex",
             "in_use_memory_floor_bytes",
             "window",
+            "short_window",
             "bottlenecks",
             "alerts",
         },
@@ -171,6 +185,7 @@ def parse(document: object, origin: str = "thresholds") -> Thresholds:
             f"{origin}: in_use_memory_floor_bytes: expected a whole number of bytes, got {floor!r}"
         )
     window = _duration(top.get("window"), origin, "window")
+    short_window = _duration(top.get("short_window"), origin, "short_window")
     entries = _mapping(top.get("alerts"), origin, "alerts")
     _no_unknown_keys(entries, set(PARAMETERS), origin, "alerts")
     alerts = {}
@@ -179,7 +194,9 @@ def parse(document: object, origin: str = "thresholds") -> Thresholds:
             raise ThresholdsError(f"{origin}: alerts.{name}: missing")
         alerts[name] = _alert(name, kinds, entries[name], origin)
     bottlenecks = _bottlenecks(top.get("bottlenecks"), origin)
-    return Thresholds(base_url.rstrip("/"), job_regex, floor, window, alerts, bottlenecks)
+    return Thresholds(
+        base_url.rstrip("/"), job_regex, floor, window, short_window, alerts, bottlenecks
+    )
 
 
 def _bottlenecks(entry: object, origin: str) -> BottleneckThresholds:
@@ -201,17 +218,18 @@ def _bottlenecks(entry: object, origin: str) -> BottleneckThresholds:
 def _alert(name: str, kinds: Mapping[str, str], entry: object, origin: str) -> AlertThresholds:
     path = f"alerts.{name}"
     fields = _mapping(entry, origin, path)
-    _no_unknown_keys(fields, {"severity", "for", *kinds}, origin, path)
+    _no_unknown_keys(fields, {"severity", "for", "keep_firing_for", *kinds}, origin, path)
     severity = fields.get("severity")
     if severity not in SEVERITIES:
         raise ThresholdsError(
             f"{origin}: {path}.severity: expected one of {', '.join(SEVERITIES)}, got {severity!r}"
         )
     for_ = _duration(fields.get("for"), origin, f"{path}.for")
+    keep = _duration(fields.get("keep_firing_for", "0s"), origin, f"{path}.keep_firing_for")
     parameters: dict[str, Any] = {}
     for key, kind in kinds.items():
         parameters[key] = _parameter(fields.get(key), kind, origin, f"{path}.{key}")
-    return AlertThresholds(name, str(severity), for_, parameters)
+    return AlertThresholds(name, str(severity), for_, parameters, keep)
 
 
 def _parameter(value: object, kind: str, origin: str, path: str) -> object:

@@ -189,6 +189,8 @@ def _stand_ins(
                     f"    for: {{{{ {ref} }}}}\n{{{{ end }}}}",
                 )
             )
+            # And where a description quotes it ("below 30% for 5m").
+            replacements.append((re.compile(rf"(?<!\d){stand_in}"), f"{{{{ {ref} }}}}"))
         elif isinstance(value, bool):
             continue
         elif isinstance(value, list):
