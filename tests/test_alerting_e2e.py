@@ -1,12 +1,15 @@
 """End to end: real gpuload, Prometheus and Alertmanager on 127.0.0.1 deliver the shipped alerts.
 
-Three simulated nodes are scraped by one Prometheus every second: `data-starved` must raise
-GPUUtilizationLow (and GPUDataLoaderStarved), `saturated` GPUUtilizationHigh, and the healthy
-`training` node nothing at all. Prometheus loads a test copy of the rule files rendered from the
-shipped thresholds with two changes: the averaging window is 30s instead of 5m (the rules record a
-window's rate once a node has been scraped for a whole window), and the `for:` durations are
-divided by 30 (5m -> 10s); the test proves the copy differs in nothing else. Alertmanager routes
-the alerts to a webhook receiver running in this test.
+Five simulated nodes are scraped by one Prometheus every second: `data-starved` must raise
+GPUUtilizationLow and GPUDataLoaderStarved on every GPU, `saturated` GPUUtilizationHigh,
+`hung-collective` GPUJobHung (and not GPUUtilizationHigh), `fell-off-bus` GPUFellOffBus, which
+stays the same firing alert across a restart of that node's exporter, and the healthy `training`
+node nothing at all. Prometheus loads a test copy of the rule files rendered from the shipped
+thresholds with two changes: both averaging windows are 30s instead of 5m and 1m (the rules record
+a window's rate once a node has been scraped for a whole window), and the `for:` durations are
+divided by 30 (5m -> 10s); the test proves the copy differs in nothing else. Alertmanager loads the
+inhibit rules that docs/runbooks.md documents, and the test proves each suppresses what it claims;
+it routes the alerts to a webhook receiver running in this test.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ pytestmark = pytest.mark.skipif(
 SPEEDUP = 30
 # The averaging window of the test copy: one period of `training`'s saw, a tenth of the shipped.
 WINDOW = "30s"
-TEST_THRESHOLDS = replace(thresholds.load(), window=WINDOW)
+TEST_THRESHOLDS = replace(thresholds.load(), window=WINDOW, short_window=WINDOW)
+RUNBOOKS = thresholds.RULES_DIR.parent / "docs" / "runbooks.md"
 AVERAGE = rules.recording_names(TEST_THRESHOLDS)["avg"]
 # The healthy `training` scenario saws with a 30 s period: 27 s near 96%, then a 3 s dip to 72%
 # (93.6% on average). A window that holds less than one period can read above 95%, which a 5 m
@@ -56,7 +60,14 @@ AVERAGE = rules.recording_names(TEST_THRESHOLDS)["avg"]
 TRAINING_PERIOD = 30.0
 TRAINING_DIP_STARTS = 27.0
 TRAINING_LEAD = 4.0
-UTILIZATION_ALERTS = {"GPUUtilizationLow", "GPUUtilizationHigh", "GPUDataLoaderStarved"}
+UTILIZATION_ALERTS = {
+    "GPUUtilizationLow",
+    "GPUUtilizationHigh",
+    "GPUJobHung",
+    "GPUDataLoaderStarved",
+}
+# `fell-off-bus` loses GPU 3 (XID 79) 60 s into its scenario: started this far into it.
+FELL_OFF_BUS_START = 52.0
 
 
 def free_port() -> int:
@@ -155,11 +166,22 @@ def write_rules(folder: Path) -> list[Path]:
     return written
 
 
+def documented_inhibit_rules() -> list[dict[str, Any]]:
+    """The inhibit rules of docs/runbooks.md's "Routing and inhibition", as written there."""
+    text = RUNBOOKS.read_text(encoding="utf-8")
+    section = text.split("\n## Routing and inhibition\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```yaml\n(inhibit_rules:.*?)```", section, re.DOTALL)
+    assert block, "docs/runbooks.md documents no inhibit_rules block"
+    found: list[dict[str, Any]] = yaml.safe_load(block.group(1))["inhibit_rules"]
+    return found
+
+
 def start_alertmanager(
     tmp_path: Path, receiver: Receiver, start: Callable[..., subprocess.Popen[str]]
 ) -> str:
     port = free_port()
     config = {
+        "inhibit_rules": documented_inhibit_rules(),
         "route": {
             "receiver": "test",
             "group_by": ["alertname", "instance"],
@@ -246,49 +268,86 @@ def gpu_uuids(daemon: Daemon) -> dict[str, str]:
     return {dict(labels)["gpu"]: dict(labels)["uuid"] for labels in info}
 
 
-def received(receiver: Receiver, alertname: str, instance: str) -> list[dict[str, Any]]:
-    return [
-        alert
-        for alert in receiver.alerts()
-        if alert["labels"]["alertname"] == alertname and alert["labels"]["instance"] == instance
-    ]
-
-
 def check_alert(
     alert: dict[str, Any],
     *,
     severity: str,
     scenario: str,
     instance: str,
-    uuids: dict[str, str],
+    uuids: dict[str, str] | None,
     summary: str,
     description: str,
 ) -> float:
-    """Assert an alert's exact labels and annotations; return the value in its description."""
+    """Assert an alert's exact labels and annotations (Alertmanager's API form); return its value.
+
+    ``uuids`` None: the alert carries no UUID (GPUFellOffBus). The `value` annotation, which the
+    relay's messages show, must be the value the description quotes.
+    """
     labels = alert["labels"]
     gpu = labels["gpu"]
-    assert alert["status"] == "firing"
-    assert labels == {
+    expected = {
         "alertname": labels["alertname"],
         "severity": severity,
         "instance": instance,
         "job": "gpuload",
         "scenario": scenario,
         "gpu": gpu,
-        "uuid": uuids[gpu],
     }
+    if uuids is not None:
+        expected["uuid"] = uuids[gpu]
+    assert labels == expected
     annotations = alert["annotations"]
     assert annotations["summary"] == summary
     assert annotations["runbook_url"] == thresholds.load().runbook_url(labels["alertname"])
-    pattern = description.format(
-        where=re.escape(f"GPU {gpu} ({uuids[gpu]}) on {instance}"), value=r"([0-9.]+)%"
-    )
+    where = f"GPU {gpu} ({uuids[gpu]}) on {instance}" if uuids else f"GPU {gpu} on {instance}"
+    pattern = description.format(where=re.escape(where), value=r"([0-9.]+)%")
     match = re.fullmatch(pattern, annotations["description"])
     assert match, annotations["description"]
-    return float(match.group(1))
+    if match.groups():
+        assert annotations["value"].startswith(f"{match.group(1)}%"), annotations
+        return float(match.group(1))
+    return math.nan
 
 
-def test_starved_and_saturated_nodes_alert_and_healthy_training_stays_quiet(
+def prometheus_alerts(prometheus: str) -> list[dict[str, Any]]:
+    """Prometheus's pending and firing alerts (/api/v1/alerts)."""
+    response = requests.get(prometheus + "/api/v1/alerts", timeout=5).json()
+    found: list[dict[str, Any]] = response["data"]["alerts"]
+    return found
+
+
+def alertmanager_alerts(alertmanager: str) -> list[dict[str, Any]]:
+    """Alertmanager's alerts, suppressed ones included, with their state (/api/v2/alerts)."""
+    found: list[dict[str, Any]] = requests.get(alertmanager + "/api/v2/alerts", timeout=5).json()
+    return found
+
+
+def of(alerts: list[dict[str, Any]], alertname: str, scenario: str) -> list[dict[str, Any]]:
+    return [
+        alert
+        for alert in alerts
+        if alert["labels"]["alertname"] == alertname and alert["labels"].get("scenario") == scenario
+    ]
+
+
+def query(prometheus: str, expr: str) -> list[dict[str, Any]]:
+    response = requests.get(prometheus + "/api/v1/query", params={"query": expr}, timeout=5)
+    found: list[dict[str, Any]] = response.json()["data"]["result"]
+    return found
+
+
+# (alertname, scenario, how many): every alert the nodes must raise, all GPUs of a node alike.
+EXPECTED = (
+    ("GPUUtilizationLow", "data-starved", 8),
+    ("GPUDataLoaderStarved", "data-starved", 8),
+    ("GPUUtilizationHigh", "saturated", 8),
+    ("GPUJobHung", "hung-collective", 8),
+    ("GPUFellOffBus", "fell-off-bus", 1),
+    ("GPUXidError", "fell-off-bus", 1),
+)
+
+
+def test_each_node_raises_its_alerts_inhibitions_hold_and_healthy_training_stays_quiet(
     tmp_path: Path,
     daemon_factory: Callable[..., Daemon],
     receiver: Receiver,
@@ -297,12 +356,20 @@ def test_starved_and_saturated_nodes_alert_and_healthy_training_stays_quiet(
     interval = ("--collect.interval", "1s")
     starved = daemon_factory("--simulate", "data-starved", *interval)
     saturated = daemon_factory("--simulate", "saturated", *interval)
+    hung = daemon_factory("--simulate", "hung-collective", *interval)
+    fell_epoch = str(time.time() - FELL_OFF_BUS_START)
+    fell = daemon_factory("--simulate", "fell-off-bus", *interval, "--sim.epoch", fell_epoch)
     # Its scenario starts 15 s back, so that its next dip usually comes soon after the others.
     epoch = time.time() - 15
     training = daemon_factory("--simulate", "training", *interval, "--sim.epoch", str(epoch))
     targets = {
-        "data-starved": starved.url.removeprefix("http://").rstrip("/"),
-        "saturated": saturated.url.removeprefix("http://").rstrip("/"),
+        name: daemon.url.removeprefix("http://").rstrip("/")
+        for name, daemon in (
+            ("data-starved", starved),
+            ("saturated", saturated),
+            ("hung-collective", hung),
+            ("fell-off-bus", fell),
+        )
     }
     training_address = training.url.removeprefix("http://").rstrip("/")
     later = tmp_path / "later.json"
@@ -322,20 +389,21 @@ def test_starved_and_saturated_nodes_alert_and_healthy_training_stays_quiet(
     targets["training"] = training_address
 
     def arrived() -> bool:
-        return bool(
-            received(receiver, "GPUUtilizationLow", targets["data-starved"])
-            and received(receiver, "GPUDataLoaderStarved", targets["data-starved"])
-            and received(receiver, "GPUUtilizationHigh", targets["saturated"])
-        )
+        firing = [
+            a for a in alertmanager_alerts(alertmanager) if a["status"]["state"] != "unprocessed"
+        ]
+        return all(len(of(firing, name, node)) == count for name, node, count in EXPECTED)
 
     # The window rates are recorded once a node has been scraped for a whole window (30 s), and
     # the shortened `for:` is 10 s.
-    wait_until(arrived, timeout=150, what="the starved and saturated alerts at the receiver")
+    wait_until(arrived, timeout=150, what="every expected alert at Alertmanager")
+    at_manager = alertmanager_alerts(alertmanager)
 
     low = thresholds.load().alert("GPUUtilizationLow").number("below") * 100
     high = thresholds.load().alert("GPUUtilizationHigh").number("above") * 100
     starved_uuids = gpu_uuids(starved)
-    for alert in received(receiver, "GPUUtilizationLow", targets["data-starved"]):
+    held = f"for 5m \\(the mean of every {WINDOW} window\\)"
+    for alert in of(at_manager, "GPUUtilizationLow", "data-starved"):
         value = check_alert(
             alert,
             severity="warning",
@@ -344,12 +412,16 @@ def test_starved_and_saturated_nodes_alert_and_healthy_training_stays_quiet(
             uuids=starved_uuids,
             summary="A GPU in use is mostly idle",
             description=(
-                rf"{{where}} has work on it but averaged {{value}} utilization over the last"
-                rf" {WINDOW}, below 30%: it waits on something other than its own compute\."
+                rf"{{where}} has work on it but its utilization stayed below 30% {held};"
+                r" {value} over the last one: it waits on something other than its own compute\."
             ),
         )
         assert 0 < value < low
-    for alert in received(receiver, "GPUDataLoaderStarved", targets["data-starved"]):
+        # Documented inhibition: the more specific GPUDataLoaderStarved on the same GPU.
+        assert alert["status"]["state"] == "suppressed", alert["status"]
+        assert alert["status"]["inhibitedBy"], alert["status"]
+    starved_alerts = of(at_manager, "GPUDataLoaderStarved", "data-starved")
+    for alert in starved_alerts:
         check_alert(
             alert,
             severity="warning",
@@ -363,8 +435,13 @@ def test_starved_and_saturated_nodes_alert_and_healthy_training_stays_quiet(
                 r" for the next one, the input pipeline does not keep up\."
             ),
         )
+        assert alert["status"]["state"] == "active"
+    inhibitors = {alert["fingerprint"] for alert in starved_alerts}
+    for alert in of(at_manager, "GPUUtilizationLow", "data-starved"):
+        assert set(alert["status"]["inhibitedBy"]) <= inhibitors
+
     saturated_uuids = gpu_uuids(saturated)
-    for alert in received(receiver, "GPUUtilizationHigh", targets["saturated"]):
+    for alert in of(at_manager, "GPUUtilizationHigh", "saturated"):
         value = check_alert(
             alert,
             severity="info",
@@ -373,11 +450,79 @@ def test_starved_and_saturated_nodes_alert_and_healthy_training_stays_quiet(
             uuids=saturated_uuids,
             summary="A GPU is saturated",
             description=(
-                rf"{{where}} averaged {{value}} utilization over the last {WINDOW}, above 95%:"
-                r" it has no headroom left\."
+                rf"{{where}} kept its utilization above 95% {held} while drawing the power of real"
+                r" work; {value} over the last one: it has no headroom left\."
             ),
         )
         assert high < value <= 100
+
+    hung_uuids = gpu_uuids(hung)
+    for alert in of(at_manager, "GPUJobHung", "hung-collective"):
+        value = check_alert(
+            alert,
+            severity="warning",
+            scenario="hung-collective",
+            instance=targets["hung-collective"],
+            uuids=hung_uuids,
+            summary="A GPU looks busy but does no work",
+            description=(
+                rf"{{where}} has run kernels all the time {held} while drawing only {{value}} of"
+                r" its power limit \(below 25%\): kernels wait without computing, the sign of a"
+                r" hung collective \(NCCL\) or a deadlock\."
+            ),
+        )
+        assert 0 < value < 25
+    # A hung GPU is never "saturated", not even pending, at any evaluation of the run.
+    assert (
+        query(prometheus, 'ALERTS{alertname="GPUUtilizationHigh",scenario="hung-collective"}[5m]')
+        == []
+    )
+
+    (lost,) = of(at_manager, "GPUFellOffBus", "fell-off-bus")
+    check_alert(
+        lost,
+        severity="critical",
+        scenario="fell-off-bus",
+        instance=targets["fell-off-bus"],
+        uuids=None,
+        summary="A GPU has fallen off the bus",
+        description=r"{where} no longer answers NVML \(GPU is lost\): it has fallen off the bus\.",
+    )
+    assert lost["labels"]["gpu"] == "3" and lost["status"]["state"] == "active"
+    # Documented inhibition: the XID 79 of the lost GPU does not page a second time.
+    (xid,) = of(at_manager, "GPUXidError", "fell-off-bus")
+    assert xid["labels"]["gpu"] == "3" and xid["labels"]["xid"] == "79"
+    assert xid["status"]["state"] == "suppressed"
+    assert xid["status"]["inhibitedBy"] == [lost["fingerprint"]]
+
+    # The exporter of `fell-off-bus` restarts: its series go stale for a few scrapes, and the
+    # restarted exporter cannot read the lost GPU's UUID. GPUFellOffBus stays the same alert,
+    # firing since the same moment (a resolved alert that fires again starts anew).
+    (before,) = of(prometheus_alerts(prometheus), "GPUFellOffBus", "fell-off-bus")
+    assert before["state"] == "firing"
+    assert fell.stop() == 0
+    wait_until(
+        lambda: query(prometheus, 'up{scenario="fell-off-bus"} == 0') != [],
+        what="Prometheus to see the exporter gone",
+    )
+    daemon_factory(
+        "--simulate",
+        "fell-off-bus",
+        *interval,
+        "--sim.epoch",
+        fell_epoch,
+        "--web.listen-address",
+        targets["fell-off-bus"],
+    )
+    wait_until(
+        lambda: query(prometheus, 'gpu_up{scenario="fell-off-bus",gpu="3",uuid=""} == 0') != [],
+        what="the restarted exporter's lost GPU, without its UUID",
+    )
+    time.sleep(3)  # a few more evaluations
+    (after,) = of(prometheus_alerts(prometheus), "GPUFellOffBus", "fell-off-bus")
+    assert after["state"] == "firing"
+    assert after["activeAt"] == before["activeAt"]
+    assert after["labels"] == before["labels"]
 
     # Give `training` at least as long as the slowest shortened utilization alert needs, counted
     # in evaluations of its recording rule, then a little more.

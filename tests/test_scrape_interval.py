@@ -5,11 +5,11 @@ keeps 1 s of every 15, so the minimum, maximum or mean of its scrapes is whateve
 happened to land on. The rules read ``rate()`` of the counters of seconds instead, the exact mean
 over the window whatever the scrape interval.
 
-Here the real collectors run on simulated NVML for 15 minutes, collecting every 5 simulated seconds
-(the counters integrate every NVML sample between two collections, so this reads what a 1 s cycle
-would); every 15 s the exposition is scraped, as a Prometheus would. The series the rule files read become
-a ``promtool test rules`` file (``interval: 15s``), and Prometheus's own rule engine evaluates the
-shipped rules every 15 s and checks the bottleneck view minute by minute.
+Here the real collectors run on simulated NVML for 15 minutes, collecting every 5 simulated
+seconds (the counters integrate every NVML sample between two collections, so this reads what a
+1 s cycle would); every 15 s the exposition is scraped, as a Prometheus would. The series the rule
+files read become a ``promtool test rules`` file (``interval: 15s``), and Prometheus's own rule
+engine evaluates the shipped rules every 15 s and checks the bottleneck view minute by minute.
 """
 
 from __future__ import annotations
