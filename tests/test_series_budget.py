@@ -109,8 +109,9 @@ def test_each_profile_holds_the_last_and_minimal_still_answers_the_questions() -
     busy = {"gpu_utilization_seconds_total", "gpu_sm_active_seconds_total"}
     starved = {"gpu_idle_seconds_total", "gpu_processes", "gpu_memory_used_bytes"}
     hot = {"gpu_temperature_celsius", "gpu_power_usage_watts", "gpu_clock_event_active"}
+    hung = {"gpu_power_limit_watts"}  # GPUJobHung: busy at a fraction of the power limit
     broken = {"gpu_up", "gpuload_gpu_stale", "gpu_ecc_errors_total", "gpu_row_remap_failed"}
-    assert busy | starved | hot | broken <= minimal
+    assert busy | starved | hot | hung | broken <= minimal
     # NVLink link by link only on request.
     assert "gpu_nvlink_link_transmit_bytes_total" not in full
     assert "gpu_nvlink_transmit_bytes_total" in default

@@ -14,8 +14,8 @@ Prometheus's head. A profile says which families (and, for a few, which series) 
 ``minimal``
     At most 25 series per GPU that still answer "is it busy, is it starved, is it hot, is it
     broken": the utilization, SM and DRAM counters, fully idle time, what holds the GPU,
-    temperatures, power, the clock events that slow a GPU down, XIDs, uncorrected ECC errors,
-    failed row remaps, NVLink links down. The node's own families are all kept.
+    temperatures, power and its limit, the clock events that slow a GPU down, XIDs, uncorrected
+    ECC errors, failed row remaps, NVLink links down. The node's own families are all kept.
 
 The profile filters what a collection publishes: /metrics, the status page, the doctor and the
 local alerts all see the same series. gpuload's own families (``gpuload_*``) and the GPUs'
@@ -73,9 +73,10 @@ MINIMAL: Mapping[str, Callable[[tuple[str, ...]], bool] | None] = {
     "gpu_mig_sm_active_seconds_total": None,
     "gpu_mig_dram_active_seconds_total": None,
     "gpu_pod_info": None,
-    # Is it hot?
+    # Is it hot? And is a busy GPU hung (GPUJobHung: its power against its limit)?
     "gpu_temperature_celsius": None,
     "gpu_power_usage_watts": None,
+    "gpu_power_limit_watts": None,
     "gpu_clock_event_active": lambda labels: labels[0] in SLOWDOWN_REASONS,
     # Is it broken?
     "gpu_xid_errors_total": None,
