@@ -7,6 +7,11 @@ PodResourcesLister; the GPUs are the simulated NVML's, so UUIDs map to indices a
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -406,3 +411,104 @@ def test_daemon_serves_gpu_pod_info_over_http(
     wait_until(lambda: series(daemon.metrics(), "gpu_pod_info"), timeout=30, what="gpu_pod_info")
     assert pod_info(daemon.metrics()) == [info("6", uuid, "train-0")]
     assert daemon.get("/healthz").status_code == 200
+
+
+def test_on_kubernetes_a_missing_socket_is_a_warning_and_up_0(
+    socket_dir: Path,
+    collections: list[Collection],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The kubelet gives every container KUBERNETES_SERVICE_HOST; the socket's folder is not
+    # mounted: a fault to alert on (GPULoadPodResourcesDown), not a node without Kubernetes.
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    caplog.set_level(logging.INFO, logger="exporter.collectors.kubernetes")
+    missing = socket_dir / "kubelet.sock"
+    collection = node("idle", missing, refresh=0.05)
+    collections.append(collection)
+    for _ in range(3):
+        samples = scrape(collection.run_cycle())
+        time.sleep(0.06)
+    assert value_of(samples, "gpuload_kubernetes_pod_resources_up") == 0
+    assert series(samples, "gpu_pod_info") == {}
+    records = [r for r in caplog.records if r.name == "exporter.collectors.kubernetes"]
+    assert [r.levelno for r in records] == [logging.WARNING]
+    assert f"no kubelet pod-resources socket at {missing}" in records[0].getMessage()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
+)
+def test_as_a_non_root_uid_the_kubelets_modes_forbid_the_socket_and_say_so() -> None:
+    """The kubelet's real modes forbid the socket to uid 10001, and the collector says which.
+
+    The folder is 0750 root and the socket 0755 root. Run as uid 10001 (the image's user), the
+    collector names the missing permission and reports up 0.
+    """
+    base = Path(tempfile.mkdtemp(prefix="gpuload-kubelet-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        folder = base / "pod-resources"
+        folder.mkdir(mode=0o750)
+        server = FakeKubelet(folder / "kubelet.sock", [Pod("ml", "train-0", {"main": []})])
+        server.start()
+        try:
+            (folder / "kubelet.sock").chmod(0o755)
+            probe = (
+                "import logging, sys\n"
+                "logging.basicConfig(stream=sys.stdout, format='%(levelname)s %(message)s')\n"
+                "from exporter.collectors.base import Reader\n"
+                "from exporter.collectors.kubernetes import KubernetesCollector\n"
+                f"c = KubernetesCollector({str(folder / 'kubelet.sock')!r}, on_kubernetes=True)\n"
+                "up = [s.value for s in c.collect(Reader())"
+                " if s.family == 'gpuload_kubernetes_pod_resources_up']\n"
+                "print('up', up)\n"
+            )
+            as_user = subprocess.run(
+                [
+                    "setpriv",
+                    "--reuid",
+                    "10001",
+                    "--regid",
+                    "10001",
+                    "--clear-groups",
+                    sys.executable,
+                    "-c",
+                    probe,
+                ],
+                cwd=Path(__file__).resolve().parent.parent,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            ).stdout
+            assert (
+                "WARNING collector kubernetes: on Kubernetes, but uid 10001 may not reach"
+                in as_user
+            )
+            assert "up [0]" in as_user
+            folder.chmod(0o755)  # the folder reachable, the socket still root's 0755
+            as_user = subprocess.run(
+                [
+                    "setpriv",
+                    "--reuid",
+                    "10001",
+                    "--regid",
+                    "10001",
+                    "--clear-groups",
+                    sys.executable,
+                    "-c",
+                    probe,
+                ],
+                cwd=Path(__file__).resolve().parent.parent,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=True,
+            ).stdout
+            assert "uid 10001 may not connect to the kubelet's pod-resources socket" in as_user
+            assert "up [0]" in as_user
+        finally:
+            server.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -82,6 +82,7 @@ FAMILIES = frozenset(
         "gpu_retired_pages_pending",
         "gpuload_collector_success",
         "gpuload_nvml_up",
+        "gpuload_kubernetes_pod_resources_up",
         "gpuload_last_collection_timestamp_seconds",
         "gpuload_gpu_stale",
     }
@@ -575,6 +576,11 @@ def collector_failing(ctx: Context, t: Thresholds) -> Vector:
     return unless_on(failing, nvml_down, ("instance", "job"))
 
 
+def pod_resources_down(ctx: Context, t: Thresholds) -> Vector:
+    """gpuload_kubernetes_pod_resources_up == 0."""
+    return where(ctx.latest("gpuload_kubernetes_pod_resources_up"), lambda v: v == 0)
+
+
 def nvml_down(ctx: Context, t: Thresholds) -> Vector:
     """gpuload_nvml_up == 0."""
     return where(ctx.latest("gpuload_nvml_up"), lambda v: v == 0)
@@ -617,6 +623,7 @@ CONDITIONS: Mapping[str, Callable[[Context, Thresholds], Vector]] = {
     "GPURowRemapPending": row_remap_pending,
     "GPURowRemapFailed": row_remap_failed,
     "GPULoadCollectorFailing": collector_failing,
+    "GPULoadPodResourcesDown": pod_resources_down,
     "GPULoadNVMLDown": nvml_down,
     "GPULoadStale": stale,
 }

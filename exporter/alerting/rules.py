@@ -873,6 +873,16 @@ def exporter_alerts(thresholds: Thresholds) -> list[Rule]:
         ),
         _alert(
             thresholds,
+            "GPULoadPodResourcesDown",
+            "gpuload_kubernetes_pod_resources_up == 0",
+            "gpuload cannot tell which pod holds which GPU",
+            f"gpuload on {INSTANCE} cannot use the kubelet's pod-resources socket (missing, not"
+            " permitted, or the kubelet does not answer): gpu_pod_info is gone; the log names"
+            " the path and the cause.",
+            value="pod_resources_up 0",
+        ),
+        _alert(
+            thresholds,
             "GPULoadNVMLDown",
             "gpuload_nvml_up == 0",
             "gpuload cannot use the NVIDIA driver",

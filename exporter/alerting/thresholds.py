@@ -57,6 +57,7 @@ PARAMETERS: Mapping[str, Mapping[str, str]] = {
     "GPULoadExporterDown": {},
     "GPULoadExporterAbsent": {},
     "GPULoadCollectorFailing": {},
+    "GPULoadPodResourcesDown": {},
     "GPULoadNVMLDown": {},
     "GPULoadStale": {"max_age": "duration"},
 }

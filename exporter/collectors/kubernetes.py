@@ -8,8 +8,8 @@ Families:
         ``gpu_utilization_ratio * on(instance, gpu, uuid) group_left(pod, namespace) gpu_pod_info``
         (with time-sliced GPUs, several pods share one: put gpu_pod_info on the left).
     gpuload_kubernetes_pod_resources_up: 1 if the kubelet's last List answer arrived in
-        time, 0 if it failed or the socket seen before is gone; absent where there has been no
-        pod-resources socket.
+        time, 0 if it failed, the socket seen before is gone, or on Kubernetes the socket is
+        missing or this process may not use it; absent off Kubernetes without the socket.
 
 The kubelet names devices by the ids the device plugin gave them: for NVIDIA's plugin,
 GPU UUIDs (``GPU-...``), MIG device UUIDs (``MIG-...``; ``MIG-GPU-<uuid>/<gi>/<ci>`` on
@@ -21,8 +21,12 @@ when an answer names a device not mapped yet.
 The List call is started without waiting and read on a later cycle, so a kubelet that
 hangs delays nothing; its deadline is `timeout`. The last answer is kept through a few
 failed refreshes, so that one slow answer does not reset alerts joined on gpu_pod_info.
-Without the socket (not on Kubernetes, or not mounted) the collector exports nothing,
-says so once in the log and does not import grpc.
+Off Kubernetes (no ``KUBERNETES_SERVICE_HOST`` in the environment, which the kubelet sets in
+every container) and without the socket, the collector exports nothing, says so once at INFO
+and does not import grpc. On Kubernetes a missing socket (its folder not mounted) or one this
+process may not use (the kubelet makes the folder 0750 and the socket 0755, both root's: a
+non-root uid can neither reach nor connect to it) is a WARNING naming the path and the fix, and
+``gpuload_kubernetes_pod_resources_up 0``, which GPULoadPodResourcesDown alerts on.
 """
 
 from __future__ import annotations
@@ -61,7 +65,8 @@ FAMILIES = (
         "gpuload_kubernetes_pod_resources_up",
         "gauge",
         "1 if the kubelet's PodResources List answered in time at the last refresh, else 0 "
-        "(also once its socket is gone); absent on a node that never had the socket.",
+        "(also once its socket is gone, and on Kubernetes while it is missing or not usable "
+        "by this process); absent off Kubernetes without the socket.",
         per_gpu=False,
     ),
 )
@@ -99,8 +104,13 @@ class KubernetesCollector:
         timeout: float = 2.0,
         *,
         clock: Callable[[], float] = time.monotonic,
+        on_kubernetes: bool | None = None,
     ) -> None:
         self._socket = socket
+        # The kubelet gives every container KUBERNETES_SERVICE_HOST.
+        self._on_kubernetes = (
+            "KUBERNETES_SERVICE_HOST" in os.environ if on_kubernetes is None else on_kubernetes
+        )
         self._refresh = refresh
         self._timeout = timeout
         self._clock = clock
@@ -152,17 +162,19 @@ class KubernetesCollector:
 
     def _start_call(self, now: float) -> None:
         self._next_call = now + self._refresh
-        present = os.path.exists(self._socket)
+        problem = _socket_problem(self._socket)
+        present = problem is None
         if not present and self._socket_present:
             # Seen before and gone now: the kubelet stopped or is restarting. That is a failed
             # refresh (up 0, the last answer kept a while), not a node without Kubernetes.
             self._list_failed("its socket is gone")
             return
         if present != self._socket_present:
-            self._log_socket(present)
+            self._log_socket(problem)
             self._socket_present = present
         if not present:
-            self._up = None
+            # On Kubernetes a missing or forbidden socket is a fault to alert on, not absence.
+            self._up = False if self._on_kubernetes else None
             self._answered_at = None
             return
         if self._client is None:
@@ -172,9 +184,15 @@ class KubernetesCollector:
             self._client = PodResourcesClient(self._socket, timeout=self._timeout)
         self._pending = self._client.start_list()
 
-    def _log_socket(self, present: bool) -> None:
-        if present:
+    def _log_socket(self, problem: str | None) -> None:
+        if problem is None:
             log.info("collector kubernetes: reading pod allocations from %s", self._socket)
+        elif self._on_kubernetes:
+            log.warning(
+                "collector kubernetes: on Kubernetes, but %s: no gpu_pod_info, "
+                "gpuload_kubernetes_pod_resources_up is 0",
+                problem,
+            )
         else:
             log.info(
                 "collector kubernetes: no kubelet pod-resources socket at %s (not on Kubernetes, "
@@ -208,6 +226,31 @@ class KubernetesCollector:
             why,
             self._refresh * _KEEP_REFRESHES,
         )
+
+
+def _socket_problem(path: str) -> str | None:
+    """Why this process cannot use the kubelet's socket at ``path``, or None if it can."""
+    try:
+        os.stat(path)
+    except PermissionError:
+        return (
+            f"uid {os.getuid()} may not reach the kubelet's pod-resources socket {path} (the "
+            "kubelet makes its folder 0750 root): run the exporter as root with no "
+            "capabilities, as the Helm chart does with pod attribution on"
+        )
+    except OSError:
+        return (
+            f"no kubelet pod-resources socket at {path}: mount the kubelet's pod-resources "
+            "folder there (hostPath /var/lib/kubelet/pod-resources)"
+        )
+    if not os.access(path, os.W_OK):
+        # Connecting to a Unix socket needs write permission on it.
+        return (
+            f"uid {os.getuid()} may not connect to the kubelet's pod-resources socket {path} "
+            "(the kubelet makes it 0755 root): run the exporter as root with no capabilities, "
+            "as the Helm chart does with pod attribution on"
+        )
+    return None
 
 
 def resolve(device_id: str, directory: dict[str, Target]) -> Target | None:
