@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from helpers import Daemon, start_daemon
@@ -22,3 +24,20 @@ def daemon_factory() -> Iterator[Callable[..., Daemon]]:
         if daemon.process.poll() is None:
             daemon.process.kill()
             daemon.process.wait()
+
+
+@pytest.fixture
+def processes() -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start helper processes (Prometheus, Alertmanager); kill every one at teardown."""
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*command: str, log: Path) -> subprocess.Popen[str]:
+        with log.open("w") as output:
+            process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait(timeout=10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -139,3 +140,18 @@ def simulated_node(scenario: str | Path, clock: Clock, **settings: Any) -> Colle
     return Collection(
         dict.fromkeys(REGISTRY, True), timeout=60, slow_interval=20, clock=clock, **settings
     )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def answers(url: str) -> bool:
+    """Whether a GET of ``url`` answers 200 (a server's readiness)."""
+    try:
+        return requests.get(url, timeout=1).status_code == 200
+    except requests.RequestException:
+        return False

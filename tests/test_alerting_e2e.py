@@ -19,7 +19,6 @@ import json
 import math
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -32,7 +31,7 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from helpers import Daemon, parse_metrics, series, wait_until
+from helpers import Daemon, answers, free_port, parse_metrics, series, wait_until
 
 from exporter.alerting import rules, thresholds
 from exporter.alerting.thresholds import duration_seconds
@@ -68,12 +67,6 @@ UTILIZATION_ALERTS = {
 }
 # `fell-off-bus` loses GPU 3 (XID 79) 60 s into its scenario: started this far into it.
 FELL_OFF_BUS_START = 52.0
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def shortened(rule_file: dict[str, Any]) -> dict[str, Any]:
@@ -129,23 +122,6 @@ def receiver() -> Iterator[Receiver]:
     yield holder[0]
     server.shutdown()
     server.server_close()
-
-
-@pytest.fixture
-def processes() -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    """Start helper processes (Prometheus, Alertmanager); kill every one at teardown."""
-    started: list[subprocess.Popen[str]] = []
-
-    def start(*command: str, log: Path) -> subprocess.Popen[str]:
-        with log.open("w") as output:
-            process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, text=True)
-        started.append(process)
-        return process
-
-    yield start
-    for process in started:
-        process.kill()
-        process.wait(timeout=10)
 
 
 def write_rules(folder: Path) -> list[Path]:
@@ -205,7 +181,7 @@ def start_alertmanager(
         log=tmp_path / "alertmanager.log",
     )
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _ok(url + "/-/ready") or process.poll() is not None, what="alertmanager")
+    wait_until(lambda: answers(url + "/-/ready") or process.poll() is not None, what="alertmanager")
     assert process.poll() is None, (tmp_path / "alertmanager.log").read_text()
     return url
 
@@ -250,16 +226,9 @@ def start_prometheus(
         log=tmp_path / "prometheus.log",
     )
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _ok(url + "/-/ready") or process.poll() is not None, what="prometheus")
+    wait_until(lambda: answers(url + "/-/ready") or process.poll() is not None, what="prometheus")
     assert process.poll() is None, (tmp_path / "prometheus.log").read_text()
     return url
-
-
-def _ok(url: str) -> bool:
-    try:
-        return requests.get(url, timeout=1).status_code == 200
-    except requests.RequestException:
-        return False
 
 
 def gpu_uuids(daemon: Daemon) -> dict[str, str]:
