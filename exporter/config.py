@@ -75,6 +75,9 @@ class AlertingConfig:
     thresholds_file: str | None = None
     # Seconds between evaluations of the rules (the history takes every cycle's samples).
     evaluation_interval: float = 15.0
+    # Seconds between notifications of a still-firing alert, as Alertmanager's repeat_interval
+    # (0: only when it fires and when it resolves).
+    repeat_interval: float = 4 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -351,7 +354,7 @@ def load_web_config(path: str, where: str) -> WebSecurity:
 
 # The queue file of local alerts, unless `alerting.queue.path` says otherwise.
 DEFAULT_ALERT_QUEUE = "gpuload-alerts.db"
-_ALERTING_KEYS = {"instance", "job", "thresholds_file", "evaluation_interval"}
+_ALERTING_KEYS = {"instance", "job", "thresholds_file", "evaluation_interval", "repeat_interval"}
 
 
 def _alerting(tree: Any, base: Path, environ: Mapping[str, str]) -> AlertingConfig:
@@ -361,14 +364,18 @@ def _alerting(tree: Any, base: Path, environ: Mapping[str, str]) -> AlertingConf
     if not isinstance(tree, Mapping):
         raise ConfigError("config file alerting: expected a mapping (targets, route, queue, ...)")
     own = {key: tree[key] for key in _ALERTING_KEYS if key in tree}
-    evaluation_interval = own.pop("evaluation_interval", AlertingConfig.evaluation_interval)
-    try:
-        evaluation_interval = parse_duration(evaluation_interval)
-    except ValueError as error:
-        raise ConfigError(
-            f"config file alerting.evaluation_interval: {evaluation_interval!r} is not valid: "
-            f"{error}"
-        ) from None
+    intervals = {}
+    for key in ("evaluation_interval", "repeat_interval"):
+        value = own.pop(key, getattr(AlertingConfig, key))
+        if key == "repeat_interval" and str(value).strip() in ("0", "0s"):
+            intervals[key] = 0.0  # never repeat
+            continue
+        try:
+            intervals[key] = parse_duration(value)
+        except ValueError as error:
+            raise ConfigError(
+                f"config file alerting.{key}: {value!r} is not valid: {error}"
+            ) from None
     for key, value in own.items():
         if not isinstance(value, str) or not value:
             raise ConfigError(f"config file alerting.{key}: {value!r} is not valid: expected text")
@@ -391,7 +398,8 @@ def _alerting(tree: Any, base: Path, environ: Mapping[str, str]) -> AlertingConf
         instance=own.get("instance"),
         job=own.get("job", "gpuload"),
         thresholds_file=thresholds_file,
-        evaluation_interval=evaluation_interval,
+        evaluation_interval=intervals["evaluation_interval"],
+        repeat_interval=intervals["repeat_interval"],
     )
 
 

@@ -1,11 +1,14 @@
 """The Dockerfile's install steps, run outside Docker (there is no Docker engine here).
 
 The build context is what .dockerignore lets through; the wheel is built from the files the
-build stage COPYs, with the build stage's `pip wheel` command; the runtime stage's `pip install`
-puts it and its dependencies into a fresh virtual environment, from which `gpuload --version`,
-a short `gpuload serve --simulate idle` and the image's HEALTHCHECK command must work.
-Differences from the image: this machine's Python instead of python:3.12-slim, and pip's cache
-left on (the image drops it) so that the test stays quick.
+build stage COPYs, with the build stage's `pip wheel` command; the runtime stage's two `pip
+install` steps put the locked dependencies (requirements/image.txt), then the wheel without
+dependencies, into a fresh virtual environment, where `pip check` must find nothing missing and
+`gpuload --version`, a short `gpuload serve --simulate idle` and the image's HEALTHCHECK command
+must work. Differences from the image: this machine's Python instead of python:3.12-slim (the
+lock's hashes are those of CPython 3.12's wheels, so on another Python the same pins install
+without them; tests/test_image.py checks the hashes), and pip's cache left on (the image drops
+it) so that the test stays quick.
 """
 
 from __future__ import annotations
@@ -38,12 +41,24 @@ def dockerfile_lines() -> list[str]:
 
 
 def stages() -> list[list[str]]:
+    """Each stage's instructions, FROM first; the ARGs before the first FROM are left out."""
     found: list[list[str]] = []
     for line in dockerfile_lines():
         if line.startswith("FROM "):
             found.append([])
-        found[-1].append(line)
+        if found:
+            found[-1].append(line)
     return found
+
+
+def lock_interpreter() -> tuple[str, bool]:
+    """A Python for the runtime environment, and whether it is 3.12, which the lock's hashes fit."""
+    if sys.version_info[:2] == (3, 12):
+        return sys.executable, True
+    other = shutil.which("python3.12")
+    if other and subprocess.run([other, "-c", "import venv"], capture_output=True).returncode == 0:
+        return other, True
+    return sys.executable, False
 
 
 def ignored(relative: str, patterns: list[str]) -> bool:
@@ -95,7 +110,13 @@ def test_dockerignore_lets_through_only_the_packaging_inputs() -> None:
         for line in (ROOT / ".dockerignore").read_text().splitlines()
         if line and line[0] != "#"
     ]
-    for kept in ("pyproject.toml", "README.md", "exporter/cli.py", "exporter/sim/models.yaml"):
+    for kept in (
+        "pyproject.toml",
+        "README.md",
+        "requirements/image.txt",
+        "exporter/cli.py",
+        "exporter/sim/models.yaml",
+    ):
         assert not ignored(kept, patterns), kept
     for dropped in (
         "tests/test_cli.py",
@@ -109,7 +130,8 @@ def test_dockerignore_lets_through_only_the_packaging_inputs() -> None:
 
 def test_dockerfile_install_steps_give_a_working_gpuload(tmp_path: Path) -> None:
     build, runtime = stages()
-    assert build[0].startswith("FROM python:") and runtime[0].startswith("FROM python:")
+    # Both stages start from the same base (tests/test_image.py: pinned by digest).
+    assert build[0].split()[1] == runtime[0].split()[1]
     assert any(line.startswith("USER 10001") for line in runtime)
     assert 'ENTRYPOINT ["gpuload"]' in runtime
 
@@ -138,15 +160,41 @@ def test_dockerfile_install_steps_give_a_working_gpuload(tmp_path: Path) -> None
     assert "exporter/kubernetes/podresources_v1_pb2.py" in names
     assert not any(name.startswith("tests/") for name in names)
 
-    # Stage 2: `pip install` of the wheel with its dependencies into a fresh environment.
-    (install_step,) = [line for line in runtime if "pip install" in line]
-    install = re.search(r"pip install (.*?) /dist/\*\.whl", install_step)
-    assert install, install_step
+    # Stage 2: the locked dependencies in a step of their own, then the wheel without them.
+    lock_step, wheel_install = [line for line in runtime if "pip install" in line]
+    mount = re.search(r"--mount=type=bind,source=(\S+),target=(\S+)", lock_step)
+    assert mount and " -r " + mount.group(2) in lock_step, lock_step
+    lock = context / mount.group(1)
+    assert lock.is_file(), f"{mount.group(1)} is not in the build context (.dockerignore)"
+    install = re.search(r"pip install (.*)", lock_step.split("&&")[0])
+    assert install, lock_step
+    lock_options = [o for o in install.group(1).split() if o != "--no-cache-dir"]
+    assert {"--require-hashes", "--no-deps", "--only-binary=:all:"} <= set(lock_options)
+    python, hashes_fit = lock_interpreter()
     environment = tmp_path / "runtime"
-    venv.EnvBuilder(with_pip=True).create(environment)
+    if python == sys.executable:
+        venv.EnvBuilder(with_pip=True).create(environment)
+    else:
+        run([python, "-m", "venv", str(environment)])
+    if not hashes_fit:
+        # The same pins, without the hashes of CPython 3.12's wheels.
+        pins = re.findall(r"(?m)^([A-Za-z0-9._-]+==\S+)", lock.read_text())
+        lock = tmp_path / "pins.txt"
+        lock.write_text("\n".join(pins) + "\n")
+        lock_options.remove("--require-hashes")
+    lock_options = [str(lock) if o == mount.group(2) else o for o in lock_options]
+    pip = str(environment / "bin" / "pip")
+    run([pip, "install", "-q", *lock_options])
+
+    install = re.search(r"pip install (.*?) /dist/\*\.whl", wheel_install)
+    assert install, wheel_install
     options = [o for o in install.group(1).split() if o != "--no-cache-dir"]
-    run([str(environment / "bin" / "pip"), "install", "-q", *options, str(wheel)])
-    if "pip uninstall -y pip" in install_step:
+    assert "--no-deps" in options, "every dependency comes from the lock"
+    run([pip, "install", "-q", *options, str(wheel)])
+    # The lock holds everything the wheel asks for, in versions it accepts.
+    assert "pip check" in wheel_install
+    run([str(environment / "bin" / "python"), "-m", "pip", "check"])
+    if "pip uninstall -y pip" in wheel_install:
         run([str(environment / "bin" / "python"), "-m", "pip", "uninstall", "-q", "-y", "pip"])
 
     gpuload = str(environment / "bin" / "gpuload")

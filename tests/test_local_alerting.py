@@ -11,7 +11,8 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -23,8 +24,9 @@ from helpers import wait_until
 
 from exporter import config
 from exporter.alerting import templates, thresholds, vectors
-from exporter.alerting.evaluator import NOT_LOCAL, Evaluator, local_rules
+from exporter.alerting.evaluator import NOT_LOCAL, Alert, Evaluator, local_rules
 from exporter.alerting.history import Sample
+from exporter.alerting.local import LocalAlerting
 from exporter.alerting.notify import Notifier
 
 VECTOR_FILES = vectors.vector_files()
@@ -312,3 +314,123 @@ def test_serve_refuses_an_alert_queue_it_cannot_open(tmp_path: Path) -> None:
     assert serve.returncode == 1, serve.stderr
     assert f"local alerting: alert queue {not_a_database}: file is not a database" in serve.stderr
     assert not_a_database.read_bytes().startswith(b"this is not")  # left as it was
+
+
+def _delivering(tmp_path: Path, receiver: Receiver, **alerting: object) -> config.Config:
+    (tmp_path / "gpuload.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "alerting": {
+                    "targets": {"hook": {"type": "webhook", "url": receiver.url}},
+                    "route": {"targets": ["hook"]},
+                    "queue": {"path": str(tmp_path / "alerts.db")},
+                    **alerting,
+                }
+            }
+        )
+    )
+    return config.load(file=tmp_path / "gpuload.yaml")
+
+
+def _local(settings: config.Config, loaded: thresholds.Thresholds, now: float) -> LocalAlerting:
+    assert settings.alerting.delivery is not None
+    notifier = Notifier(settings.alerting.delivery, "http://n1:19400/")
+    local = LocalAlerting(
+        loaded,
+        instance="n1:19400",
+        notifier=notifier,
+        repeat_interval=settings.alerting.repeat_interval,
+        now=now,
+    )
+    local.start()
+    return local
+
+
+def _lost(*gpus: str, up: float = 0) -> list[Sample]:
+    return [Sample("gpu_up", (("gpu", gpu), ("uuid", f"GPU-{gpu}")), up) for gpu in gpus]
+
+
+def _without_keep_firing(loaded: thresholds.Thresholds) -> thresholds.Thresholds:
+    fell_off = replace(loaded.alert("GPUFellOffBus"), keep_firing_for="0s")
+    return replace(loaded, alerts={**loaded.alerts, "GPUFellOffBus": fell_off})
+
+
+def test_each_gpu_is_an_incident_of_its_own(tmp_path: Path, receiver: Receiver) -> None:
+    """One GPU's resolve must not close the incident another GPU's alert still holds."""
+    t0 = time.time() - 1500  # the queue sends and expires rows by the wall clock: all past
+    local = _local(_delivering(tmp_path, receiver), _without_keep_firing(thresholds.load()), t0)
+    try:
+        for t in (0, 30, 60):
+            local.observe_samples(_lost("3", "4"), t0 + t)
+        wait_until(lambda: len(receiver.bodies) == 2, what="two firing notifications")
+        local.observe_samples([*_lost("3"), *_lost("4", up=1)], t0 + 90)
+        wait_until(lambda: len(receiver.bodies) == 3, what="GPU 4's resolve")
+    finally:
+        local.stop()
+    firing = [body for body in receiver.bodies if body["status"] == "firing"]
+    (resolved,) = [body for body in receiver.bodies if body["status"] == "resolved"]
+    keys = {body["groupKey"] for body in firing}
+    assert len(keys) == 2  # an incident (PagerDuty's dedup_key is its hash) per GPU
+    assert resolved["groupKey"] in keys
+    assert [alert["labels"]["gpu"] for alert in resolved["alerts"]] == ["4"]
+    assert resolved["groupLabels"] == resolved["alerts"][0]["labels"]
+    (gpu3,) = [body for body in firing if body["alerts"][0]["labels"]["gpu"] == "3"]
+    assert gpu3["groupKey"] != resolved["groupKey"]
+
+
+def test_a_restart_neither_fires_an_alert_again_nor_loses_its_resolve(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    loaded = _without_keep_firing(thresholds.load())
+    settings = _delivering(tmp_path, receiver)
+    t0 = time.time() - 1500
+    local = _local(settings, loaded, t0)
+    try:
+        for t in (0, 30, 60):
+            local.observe_samples(_lost("3"), t0 + t)
+        wait_until(lambda: len(receiver.bodies) == 1, what="the firing notification")
+    finally:
+        local.stop()
+    # The exporter restarts at 100 s with an empty history; the GPU is still lost, then back.
+    local = _local(settings, loaded, t0 + 100)
+    try:
+        assert [a.state for a in local.alerts()] == ["firing"]
+        for t in range(115, 300, 15):
+            local.observe_samples(_lost("3"), t0 + t)
+        # Back at 300 s: the rules need a whole window of samples again before the restored
+        # alert may resolve (5m + the evaluation interval after the restart), then it does.
+        for t in range(300, 500, 15):
+            local.observe_samples(_lost("3", up=1), t0 + t)
+        wait_until(lambda: len(receiver.bodies) == 2, what="the resolve")
+    finally:
+        local.stop()
+    assert [body["status"] for body in receiver.bodies] == ["firing", "resolved"]
+    assert receiver.bodies[0]["groupKey"] == receiver.bodies[1]["groupKey"]
+
+
+def test_a_firing_alert_is_notified_again_every_repeat_interval(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    settings = _delivering(tmp_path, receiver, repeat_interval="10m")
+    assert settings.alerting.repeat_interval == 600
+    t0 = time.time() - 1500
+    local = _local(settings, thresholds.load(), t0)
+    assert local.notifier is not None
+    # What goes to the queue, and when (the queue's own dedup works on the wall clock, which
+    # these simulated evaluations run ahead of; it is tested with the relay).
+    handed: list[tuple[float, list[str]]] = []
+    send = local.notifier.send
+
+    def recording(alerts: Iterable[Alert], now: float | None = None) -> int:
+        alerts = list(alerts)
+        handed.append((float(now or 0) - t0, [a.state for a in alerts]))
+        return send(alerts, now)
+
+    local.notifier.send = recording  # type: ignore[method-assign]
+    try:
+        for t in range(0, 60 + 1200 + 1, 30):
+            local.observe_samples(_lost("3"), t0 + t)
+        wait_until(lambda: len(receiver.bodies) == 1, what="the firing notification")
+    finally:
+        local.stop()
+    assert handed == [(60.0, ["firing"]), (660.0, ["firing"]), (1260.0, ["firing"])]

@@ -746,6 +746,34 @@ class Evaluator:
         # Seconds between evaluations, as Prometheus's evaluation_interval (0: every observe).
         self.interval = interval
         self._evaluated_at: float | None = None
+        # Alerts restored after a restart are held as they were until the history is whole
+        # again: an empty history answers nothing, which is not "resolved".
+        self._restored: set[tuple[str, Labels]] = set()
+        self._hold_until = 0.0
+
+    def restore(self, alerts: Iterable[tuple[Labels, Alert]], hold_until: float) -> int:
+        """Take back the pending and firing alerts of a previous run; how many were known.
+
+        ``alerts`` are (series, alert) pairs as :meth:`active` gave them. Until ``hold_until``
+        each is kept as it was while its rule gives nothing for its series, so that a restart
+        neither resolves it (the rules need a whole window of samples first) nor fires it anew;
+        from then on it resolves when its condition no longer holds.
+        """
+        states = {state.rule.name: state for state in self._states}
+        restored = 0
+        for series, alert in alerts:
+            state = states.get(alert.name)
+            if state is None:
+                continue  # a rule that no longer exists
+            state.active[series] = alert
+            self._restored.add((alert.name, series))
+            restored += 1
+        self._hold_until = hold_until
+        return restored
+
+    def active(self) -> list[tuple[Labels, Alert]]:
+        """Every pending and firing alert with its series, as :meth:`restore` takes them."""
+        return [(series, alert) for state in self._states for series, alert in state.active.items()]
 
     def observe(self, samples: Iterable[Sample], at: float) -> list[Alert]:
         """Add one collection's samples; evaluate if due; return what fired or resolved.
@@ -790,6 +818,11 @@ class Evaluator:
         rule = state.rule
         changed = []
         for series in list(state.active):
+            if (rule.name, series) in self._restored:
+                if series in result or now >= self._hold_until:
+                    self._restored.discard((rule.name, series))
+                else:
+                    continue
             if series not in result:
                 alert = state.active[series]
                 if alert.firing_since is not None and rule.keep_firing_seconds:

@@ -3,18 +3,25 @@
 Every cycle's samples go into the history; the rules are evaluated once per evaluation interval
 (`alerting.evaluation_interval`, 15 s by default, as Prometheus evaluates its rules): over a full
 5-minute window, evaluating is the costliest part of local alerting (`python -m bench.evaluation`).
+
+With delivery targets, the pending and firing alerts are kept in the relay's queue database (table
+``local_alerts``), so that a restart neither loses a resolve nor fires an alert anew, and a firing
+alert is notified again every `alerting.repeat_interval`, as Alertmanager's repeat_interval.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
+import sqlite3
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from exporter.alerting.evaluator import Alert, Evaluator
-from exporter.alerting.history import History, snapshot_samples
-from exporter.alerting.thresholds import Thresholds
+from exporter.alerting.history import History, Labels, Sample, snapshot_samples
+from exporter.alerting.thresholds import Thresholds, duration_seconds
 from exporter.collection import Snapshot
 
 if TYPE_CHECKING:
@@ -36,6 +43,67 @@ def instance_label(listen_address: str, port: int) -> str:
     return f"{host}:{port}"
 
 
+Key = tuple[str, Labels]
+
+
+class AlertStore:
+    """The pending and firing local alerts, and when each was last notified, in SQLite."""
+
+    _SCHEMA = (
+        "CREATE TABLE IF NOT EXISTS local_alerts ("
+        " name TEXT NOT NULL, series TEXT NOT NULL, alert TEXT NOT NULL,"
+        " notified_at REAL, PRIMARY KEY (name, series))"
+    )
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._db = sqlite3.connect(path, check_same_thread=False, timeout=10)
+        with self._db:
+            self._db.execute(self._SCHEMA)
+
+    def load(self) -> tuple[list[tuple[Labels, Alert]], dict[Key, float]]:
+        """The alerts of the last save, and when each firing one was last notified."""
+        alerts, notified = [], {}
+        for name, series_text, alert_text, notified_at in self._db.execute(
+            "SELECT name, series, alert, notified_at FROM local_alerts"
+        ):
+            series = tuple((str(k), str(v)) for k, v in json.loads(series_text))
+            fields = json.loads(alert_text)
+            alerts.append((series, Alert(**fields)))
+            if notified_at is not None:
+                notified[(name, series)] = float(notified_at)
+        return alerts, notified
+
+    def save(self, active: Iterable[tuple[Labels, Alert]], notified: dict[Key, float]) -> None:
+        """Replace the saved alerts with ``active``."""
+        rows = [
+            (
+                alert.name,
+                json.dumps(series),
+                json.dumps(
+                    {
+                        "name": alert.name,
+                        "labels": dict(alert.labels),
+                        "annotations": dict(alert.annotations),
+                        "value": alert.value,
+                        "active_since": alert.active_since,
+                        "firing_since": alert.firing_since,
+                        "kept_since": alert.kept_since,
+                    }
+                ),
+                notified.get((alert.name, series)),
+            )
+            for series, alert in active
+        ]
+        with self._db:
+            self._db.execute("DELETE FROM local_alerts")
+            self._db.executemany("INSERT INTO local_alerts VALUES (?, ?, ?, ?)", rows)
+
+    def close(self) -> None:
+        """Close the database."""
+        self._db.close()
+
+
 class LocalAlerting:
     """Evaluates the shipped alerts on each snapshot and hands changes to the notifier, if any."""
 
@@ -48,6 +116,8 @@ class LocalAlerting:
         notifier: Notifier | None = None,
         also_keep: Iterable[str] = (),
         evaluation_interval: float = 0.0,
+        repeat_interval: float = 0.0,
+        now: float | None = None,
     ) -> None:
         self.evaluator = Evaluator(
             thresholds,
@@ -57,6 +127,24 @@ class LocalAlerting:
             interval=evaluation_interval,
         )
         self.notifier = notifier
+        # Seconds between notifications of a firing alert (0: only when it fires and resolves).
+        self.repeat_interval = repeat_interval
+        self._notified: dict[Key, float] = {}
+        self._store: AlertStore | None = None
+        self._saved: object = None
+        if notifier is not None:
+            self._store = AlertStore(notifier.queue.path)
+            alerts, self._notified = self._store.load()
+            # The rules need a whole window of samples again before a restored alert may resolve.
+            started = time.time() if now is None else now
+            hold = duration_seconds(thresholds.window) + evaluation_interval
+            restored = self.evaluator.restore(alerts, hold_until=started + hold)
+            if restored:
+                log.info(
+                    "local alerting: %d pending or firing alerts taken back from %s",
+                    restored,
+                    self._store.path,
+                )
 
     @property
     def history(self) -> History:
@@ -64,9 +152,14 @@ class LocalAlerting:
         return self.evaluator.history
 
     def observe(self, snapshot: Snapshot) -> list[Alert]:
-        """Evaluate on a new snapshot; queue notifications for what fired or resolved."""
-        samples = snapshot_samples(snapshot, self.history.keep)
-        changed = self.evaluator.observe(samples, snapshot.completed_at)
+        """Evaluate on a new snapshot; queue notifications for what fired, resolved or repeats."""
+        return self.observe_samples(
+            snapshot_samples(snapshot, self.history.keep), snapshot.completed_at
+        )
+
+    def observe_samples(self, samples: Iterable[Sample], now: float) -> list[Alert]:
+        """:meth:`observe` on one cycle's samples, taken at ``now``."""
+        changed = self.evaluator.observe(samples, now)
         for alert in changed:
             log.info(
                 "local alert %s %s: %s",
@@ -74,9 +167,50 @@ class LocalAlerting:
                 alert.state,
                 alert.annotations.get("description", ""),
             )
-        if changed and self.notifier is not None:
-            self.notifier.send(changed, snapshot.completed_at)
+        if self.notifier is None:
+            return changed
+        active = self.evaluator.active()
+        keys = {(alert.name, series): alert for series, alert in active}
+        outgoing = list(changed)
+        for key, alert in keys.items():
+            if alert.firing_since is None:
+                continue
+            if alert in changed:
+                self._notified[key] = now
+            elif (
+                self.repeat_interval and now - self._notified.get(key, now) >= self.repeat_interval
+            ):
+                outgoing.append(alert)
+                self._notified[key] = now
+            else:
+                self._notified.setdefault(key, now)
+        self._notified = {k: at for k, at in self._notified.items() if k in keys}
+        if outgoing:
+            self.notifier.send(outgoing, now)
+        self._save(active)
         return changed
+
+    def _save(self, active: list[tuple[Labels, Alert]]) -> None:
+        """Keep the alerts in the queue database when they changed (not every evaluation)."""
+        assert self._store is not None
+        state = [
+            (
+                alert.name,
+                series,
+                alert.firing_since,
+                alert.kept_since,
+                self._notified.get((alert.name, series)),
+            )
+            for series, alert in active
+        ]
+        if state == self._saved:
+            return
+        try:
+            self._store.save(active, self._notified)
+        except sqlite3.Error as error:
+            log.warning("local alerting: cannot keep the alerts in %s: %s", self._store.path, error)
+            return
+        self._saved = state
 
     def alerts(self) -> list[Alert]:
         """The pending and firing alerts now."""
@@ -91,3 +225,5 @@ class LocalAlerting:
         """Stop delivering; what is queued stays queued on disk."""
         if self.notifier is not None:
             self.notifier.stop()
+        if self._store is not None:
+            self._store.close()

@@ -1,8 +1,10 @@
 """Delivering local alerts through the relay's durable queue, targets and routes, in-process.
 
-Each evaluation's changes become Alertmanager-style notifications (webhook payload version 4,
-one per alert name and status, grouped by ``alertname`` and ``instance``), so every relay target
-formats them exactly as it formats Alertmanager's. They are routed per alert by the relay's routes,
+Each evaluation's changes become Alertmanager-style notifications (webhook payload version 4),
+one per alert and status, grouped by all of the alert's labels: each alert, one GPU's, is an
+incident of its own, so one GPU's resolve never closes an incident (PagerDuty's dedup_key is the
+group key) that another GPU's alert still holds. Every relay target formats them exactly as it
+formats Alertmanager's. They are routed per alert by the relay's routes,
 committed to its SQLite queue (one row per target, deduplicated by the same key) and sent by the
 relay's delivery workers, with their backoff, rate limits, digests and dead letters.
 """
@@ -44,36 +46,28 @@ def fingerprint(labels: dict[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def group_key(labels: dict[str, str]) -> str:
+    """Alertmanager's group key of a group by every label: ``{}:{alertname="X", gpu="3", ...}``."""
+    pairs = ", ".join(f"{key}={json.dumps(value)}" for key, value in sorted(labels.items()))
+    return f"{{}}:{{{pairs}}}"
+
+
 def notifications(alerts: Iterable[Alert], external_url: str) -> list[dict[str, Any]]:
-    """Alertmanager webhook payloads for alerts that fired or resolved: one per name and status."""
-    groups: dict[tuple[str, str], list[Alert]] = {}
-    for alert in alerts:
-        groups.setdefault((alert.name, alert.state), []).append(alert)
+    """Alertmanager webhook payloads for alerts that fired, resolved or repeat: one per alert."""
     documents = []
-    for (name, status), members in sorted(groups.items()):
-        instance = members[0].labels.get("instance", "")
-        group_labels = {"alertname": name, "instance": instance}
-        common = {
-            key: value
-            for key, value in members[0].labels.items()
-            if all(m.labels.get(key) == value for m in members)
-        }
-        common_annotations = {
-            key: value
-            for key, value in members[0].annotations.items()
-            if all(m.annotations.get(key) == value for m in members)
-        }
+    for alert in sorted(alerts, key=lambda a: (a.name, sorted(a.labels.items()), a.state)):
+        labels = dict(alert.labels)
         documents.append(
             {
                 "version": "4",
-                "groupKey": f'{{}}:{{alertname="{name}", instance="{instance}"}}',
+                "groupKey": group_key(labels),
                 "truncatedAlerts": 0,
                 "receiver": RECEIVER,
-                "status": status,
-                "alerts": [_alert(alert, external_url) for alert in members],
-                "groupLabels": group_labels,
-                "commonLabels": common,
-                "commonAnnotations": common_annotations,
+                "status": alert.state,
+                "alerts": [_alert(alert, external_url)],
+                "groupLabels": labels,
+                "commonLabels": labels,
+                "commonAnnotations": dict(alert.annotations),
                 "externalURL": external_url,
             }
         )

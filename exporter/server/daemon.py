@@ -111,6 +111,7 @@ def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
         # The status page's verdicts read the same history.
         also_keep=verdicts.FAMILIES,
         evaluation_interval=settings.evaluation_interval,
+        repeat_interval=settings.repeat_interval,
     )
 
 
