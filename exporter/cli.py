@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from exporter import __version__, config
 from exporter.collectors import REGISTRY
@@ -77,7 +78,9 @@ def _serve_parser(subparsers: Any) -> None:
         serve.add_argument(
             *aliases, dest=key, metavar="VALUE", help=text, default=argparse.SUPPRESS
         )
-    group = serve.add_argument_group("collectors", "enable or disable one collector")
+    group = serve.add_argument_group(
+        "collectors", "--collector.NAME turns a collector on, --no-collector.NAME off"
+    )
     for name, spec in sorted(REGISTRY.items()):
         state = "on" if spec.enabled_by_default else "off"
         group.add_argument(
@@ -94,7 +97,7 @@ def _serve_parser(subparsers: Any) -> None:
             action="store_const",
             const=False,
             default=argparse.SUPPRESS,
-            help=argparse.SUPPRESS,
+            help=f"turn the {name} collector off",
         )
 
 
@@ -136,19 +139,38 @@ def _sim_parser(subparsers: Any) -> None:
         "exec",
         help="run a program against the simulated GPUs",
         description="Run any Python program that uses pynvml (nvitop, gpustat, your own "
-        "script) against simulated GPUs: gpuload sim exec --scenario training -- nvitop -1",
+        "script) against simulated GPUs: gpuload sim exec --simulate training -- nvitop -1. "
+        "`python` and `python3` run in gpuload's own environment, where pynvml is.",
     )
-    run.add_argument("--scenario", required=True, help="scenario name or YAML file")
-    run.add_argument("--epoch", type=float, help="scenario start, unix seconds (default: now)")
-    run.add_argument("--seed", type=int, help="seed of the scenario's noise")
+    # The same flags as `serve` and `doctor`; the short ones stay for older scripts.
     run.add_argument(
+        "--simulate",
+        "--scenario",
+        dest="scenario",
+        required=True,
+        help="scenario name or YAML file",
+    )
+    run.add_argument(
+        "--sim.epoch",
+        "--epoch",
+        dest="epoch",
+        type=_unix_seconds,
+        help="scenario start, unix seconds (default: now)",
+    )
+    run.add_argument(
+        "--sim.seed", "--seed", dest="seed", type=int, help="seed of the scenario's noise"
+    )
+    run.add_argument(
+        "--sim.time",
         "--time",
         type=float,
         dest="pinned_time",
         help="pin the scenario clock at this many seconds after its epoch",
     )
     run.add_argument(
+        "--sim.caller",
         "--caller",
+        dest="caller",
         choices=("root", "unprivileged", "unprivileged-no-host-pid"),
         help="who the simulated driver believes is calling (default: the scenario's caller)",
     )
@@ -186,7 +208,7 @@ def _doctor_parser(subparsers: Any) -> None:
     )
     doctor.add_argument("--json", action="store_true", help="print JSON for machines")
     doctor.add_argument("--simulate", metavar="SCENARIO", help="sample the simulated NVML")
-    doctor.add_argument("--sim.epoch", dest="sim_epoch", type=float, help="scenario start")
+    doctor.add_argument("--sim.epoch", dest="sim_epoch", type=_unix_seconds, help="scenario start")
     doctor.add_argument("--sim.seed", dest="sim_seed", type=int, help="scenario noise seed")
     doctor.add_argument(
         "--prometheus", metavar="URL", help="read the window from this Prometheus instead"
@@ -196,11 +218,48 @@ def _doctor_parser(subparsers: Any) -> None:
     )
 
 
+EXAMPLES = """examples:
+  gpuload serve                                  export this node's GPUs on :19400
+  gpuload serve --simulate training              the same on simulated GPUs, no GPU needed
+  gpuload doctor                                 what holds each GPU back, in 30 s
+  gpuload doctor --simulate data-starved --duration 10s
+  gpuload relay --config examples/relay-local.yaml
+  gpuload sim list                               the simulated scenarios
+  gpuload collectors                             every collector, its settings and families
+"""
+
+
+def _unix_seconds(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not unix seconds (e.g. 1767225600; `date +%s` prints now)"
+        ) from None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose errors are one line that suggests the flag or command meant."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def _suggest(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line."""
-    parser = argparse.ArgumentParser(prog="gpuload", description="GPU load exporter.")
+    parser = _Parser(
+        prog="gpuload",
+        description="GPU load exporter.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"gpuload {__version__}")
-    subparsers = parser.add_subparsers(dest="command", required=True)
+    subparsers = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _serve_parser(subparsers)
     _sim_parser(subparsers)
     relay_arguments.add_parser(subparsers)
@@ -225,7 +284,7 @@ def _serve(args: argparse.Namespace) -> int:
             collector_options={name: spec.options for name, spec in REGISTRY.items()},
         )
     except config.ConfigError as error:
-        print(f"gpuload: {error}", file=sys.stderr)
+        print(f"gpuload: {_flag_names(str(error))}", file=sys.stderr)
         return 2
     if settings.simulate.scenario:
         from exporter import sim
@@ -241,6 +300,15 @@ def _serve(args: argparse.Namespace) -> int:
 
     logs.setup(settings.log.level, settings.log.format)
     return serve(settings)
+
+
+def _flag_names(message: str) -> str:
+    """A config error about a flag names the flag as typed: "flag --sim.epoch", not its key."""
+    if not message.startswith("flag "):
+        return message
+    key, _, rest = message.removeprefix("flag ").partition(":")
+    flags = {setting: flag for flag, (setting, _help) in _SERVE_FLAGS.items()}
+    return f"flag {flags.get(key, '--' + key)}:{rest}"
 
 
 def _sim(args: argparse.Namespace) -> int:
@@ -270,8 +338,11 @@ def _sim(args: argparse.Namespace) -> int:
     try:
         sim.load_scenario(args.scenario)
     except (sim.ScenarioError, OSError) as error:
-        print(f"gpuload: --scenario {args.scenario}: {error}", file=sys.stderr)
+        print(f"gpuload sim exec: --simulate {args.scenario}: {error}", file=sys.stderr)
         return 2
+    if command[0] in ("python", "python3"):
+        # The environment gpuload runs in, where pynvml is, not the first python on PATH.
+        command = [sys.executable, *command[1:]]
     return sim.exec_command(
         args.scenario,
         command,
@@ -320,15 +391,67 @@ def _collectors() -> int:
         state = "enabled" if spec.enabled_by_default else "disabled"
         print(f"{name} ({state} by default, per {spec.scope}): {spec.description}")
         for option, default in spec.options.items():
-            print(f"  setting collectors.{name}.{option} (default {default})")
+            # Float options are seconds (a refresh, a timeout): written as a duration.
+            shown = f"{default:g}s" if isinstance(default, float) else default
+            print(f"  setting collectors.{name}.{option} (default {shown})")
         for family in spec.families:
             print(f"  {family.name}")
     return 0
 
 
+def _options(parser: argparse.ArgumentParser) -> list[str]:
+    return [option for option in parser._option_string_actions if option.startswith("--")]
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace | int:
+    """Parse, or print one line naming the unknown flag or command and what was meant."""
+    parser = build_parser()
+    commands: dict[str, argparse.ArgumentParser] = {}
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        commands.update(getattr(action, "choices", {}) or {})
+    words = list(argv)
+    first = next((w for w in words if not w.startswith("-")), None)
+    if (
+        first is not None
+        and first not in commands
+        and not any(w in ("-h", "--help", "--version") for w in words)
+    ):
+        # An unknown command, or flags given before the command: suggest the whole line.
+        flags = [w for w in words if w.startswith("--")]
+        for name, command in commands.items():
+            known = _options(command)
+            fixes = {f: difflib.get_close_matches(f, known, n=1, cutoff=0.75) for f in flags}
+            if flags and all(fixes.values()):
+                line = " ".join(fixes[w][0] if w in fixes else w for w in words)
+                print(
+                    f"gpuload: {first!r} is not a command; did you mean `gpuload {name} {line}`?",
+                    file=sys.stderr,
+                )
+                return 2
+        print(
+            f"gpuload: {first!r} is not a command (commands: {', '.join(commands)})"
+            f"{_suggest(first, list(commands))}",
+            file=sys.stderr,
+        )
+        return 2
+    args, extra = parser.parse_known_args(words)
+    if extra:
+        chosen = commands.get(getattr(args, "command", "") or "")
+        known = _options(chosen) if chosen is not None else []
+        unknown = extra[0]
+        where = f"gpuload {args.command}" if chosen is not None else "gpuload"
+        hint = _suggest(unknown.split("=")[0], known) if unknown.startswith("-") else ""
+        print(f"{where}: unknown argument {unknown!r}{hint} (see {where} --help)", file=sys.stderr)
+        return 2
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `gpuload` console script."""
-    args = build_parser().parse_args(argv)
+    parsed = _parse(sys.argv[1:] if argv is None else argv)
+    if isinstance(parsed, int):
+        return parsed
+    args = parsed
     if args.command == "serve":
         return _serve(args)
     if args.command == "sim":

@@ -8,6 +8,7 @@ error names the key path, where it came from and what was expected.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
@@ -170,15 +171,21 @@ def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 def _number(value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError("expected a number")
-    return float(value)
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        return float(value)
+    except ValueError:
+        raise ValueError("expected a number, e.g. 1767225600 (unix seconds) or 2.5") from None
 
 
 def _integer(value: Any) -> int:
-    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-        raise ValueError("expected an integer")
-    return int(value)
+    try:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        return int(value)
+    except ValueError:
+        raise ValueError("expected a whole number, e.g. 42") from None
 
 
 # Every scalar setting, by key path. Collectors' `collectors.NAME.enabled` keys
@@ -424,10 +431,16 @@ def parse_positive_integer(value: Any) -> int:
 
 
 def _hint(key: str, settings: Mapping[str, Any]) -> str:
+    close = difflib.get_close_matches(key, list(settings), n=1, cutoff=0.75)
+    suggestion = f"; did you mean {close[0]}?" if close else ""
     if key.startswith("collectors."):
         names = sorted({k.split(".")[1] for k in settings if k.startswith("collectors.")})
-        return f" (collectors are: {', '.join(names)}; see `gpuload collectors` for their keys)"
-    return f" (known: {', '.join(sorted(k for k in settings if not k.startswith('collectors.')))})"
+        return (
+            f"{suggestion} (collectors are: {', '.join(names)}; "
+            "see `gpuload collectors` for their keys)"
+        )
+    known = ", ".join(sorted(k for k in settings if not k.startswith("collectors.")))
+    return f"{suggestion} (known: {known})"
 
 
 def _build(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from helpers import ROOT
 
@@ -69,3 +70,79 @@ def test_serve_help_lists_collector_flags() -> None:
     result = gpuload("serve", "--help")
     assert "--collector.utilization" in result.stdout
     assert "--web.listen-address" in result.stdout
+
+
+def test_a_mistyped_flag_before_the_command_suggests_the_whole_line() -> None:
+    result = gpuload("--simulte", "training")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "gpuload: 'training' is not a command; did you mean `gpuload serve --simulate training`?\n"
+    )
+
+
+def test_an_unknown_command_names_the_commands_and_the_closest() -> None:
+    result = gpuload("servce")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "gpuload: 'servce' is not a command (commands: serve, sim, relay, doctor, collectors);"
+        " did you mean serve?\n"
+    )
+
+
+def test_a_mistyped_flag_of_a_command_suggests_the_flag() -> None:
+    result = gpuload("serve", "--simulte", "training")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "gpuload serve: unknown argument '--simulte'; did you mean --simulate?"
+        " (see gpuload serve --help)\n"
+    )
+
+
+def test_a_bad_epoch_names_the_flag_and_what_it_expects() -> None:
+    result = gpuload("serve", "--simulate", "training", "--sim.epoch", "yesterday")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "gpuload: flag --sim.epoch: 'yesterday' is not valid: expected a number,"
+        " e.g. 1767225600 (unix seconds) or 2.5\n"
+    )
+    result = gpuload("doctor", "--sim.epoch", "yesterday")
+    assert result.returncode == 2
+    assert result.stderr.endswith(
+        "gpuload doctor: argument --sim.epoch: 'yesterday' is not unix seconds"
+        " (e.g. 1767225600; `date +%s` prints now)\n"
+    )
+
+
+def test_an_unknown_config_key_suggests_the_closest(tmp_path: Path) -> None:
+    path = tmp_path / "gpuload.yaml"
+    path.write_text("web:\n  listen_adress: ':19400'\n")
+    result = gpuload("serve", "--config", str(path))
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        "gpuload: config file web.listen_adress: unknown setting;"
+        " did you mean web.listen_address? (known: "
+    )
+    assert result.stderr.count("\n") == 1
+
+
+def test_help_shows_examples_and_the_no_collector_flags() -> None:
+    top = gpuload("--help")
+    assert "examples:\n  gpuload serve " in top.stdout
+    serve = gpuload("serve", "--help")
+    assert "--no-collector.utilization" in serve.stdout
+
+
+def test_collectors_print_durations_as_durations() -> None:
+    result = gpuload("collectors")
+    assert "setting collectors.kubernetes.refresh (default 10s)" in result.stdout
+    assert "setting collectors.kubernetes.timeout (default 2s)" in result.stdout
+
+
+def test_sim_exec_takes_the_same_flags_as_serve_and_runs_python_in_gpuloads_environment() -> None:
+    script = "import pynvml; pynvml.nvmlInit(); print(pynvml.nvmlDeviceGetCount())"
+    # `python3`, not sys.executable: the first python3 on PATH may lack pynvml.
+    result = gpuload(
+        "sim", "exec", "--simulate", "mixed", "--sim.seed", "3", "--", "python3", "-c", script
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "8"

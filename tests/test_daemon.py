@@ -81,7 +81,7 @@ def test_json_logs_are_one_object_per_line(daemon_factory) -> None:
     assert any("listening on" in record["message"] for record in records)
 
 
-def test_bad_flag_value_exits_2_naming_the_key() -> None:
+def test_bad_flag_value_exits_2_naming_the_flag() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "exporter", "serve", "--collect.interval", "soon"],
         cwd=ROOT,
@@ -91,7 +91,7 @@ def test_bad_flag_value_exits_2_naming_the_key() -> None:
         check=False,
     )
     assert result.returncode == 2
-    assert "flag collect_interval: 'soon' is not valid" in result.stderr
+    assert "flag --collect.interval: 'soon' is not valid" in result.stderr
 
 
 def test_port_in_use_is_a_clear_error(daemon_factory) -> None:

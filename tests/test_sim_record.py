@@ -1,7 +1,7 @@
 """`gpuload sim record` round-trips: a recorded simulated node serves the scenario's /metrics.
 
 Each round trip records a shipped scenario through the simulator, as a user records a real node
-(``gpuload sim exec --scenario S -- gpuload sim record -o FILE``; the child gets the simulator
+(``gpuload sim exec --simulate S -- gpuload sim record -o FILE``; the child gets the simulator
 through sitecustomize), then serves the scenario and the recording with the clock pinned at the
 moment recorded and compares the two /metrics, series by series:
 

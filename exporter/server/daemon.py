@@ -6,6 +6,7 @@ import datetime
 import gc
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -168,7 +169,13 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
             asked=app.metrics.asked,
         )
     except OSError as error:
-        log.error("cannot listen on %s: %s", config.web.listen_address, error.strerror or error)
+        # One plain line, whatever the log format: nothing runs yet to read a log.
+        print(
+            f"gpuload: cannot listen on {config.web.listen_address}: "
+            f"{error.strerror or error} (another process on that port? "
+            "--web.listen-address chooses another)",
+            file=sys.stderr,
+        )
         return 1
     try:
         alerting = _local_alerting(config, server.url)
@@ -212,9 +219,11 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     gc.freeze()
     scheduler.start()
     server.start()
+    host = config.web.listen_address.rpartition(":")[0].strip("[]")
     log.info(
-        "listening on %s (metrics at %s), collecting every %gs with %s",
+        "listening on %s%s (metrics at %s), collecting every %gs with %s",
         server.url,
+        " on every interface" if host in ("", "0.0.0.0", "::") else "",
         config.web.telemetry_path,
         config.collect_interval,
         ", ".join(enabled),
