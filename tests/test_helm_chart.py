@@ -1,9 +1,10 @@
 """The Helm chart, rendered and linted by Helm's own engine (helm-python-sdk embeds it).
 
 Every rendered core object is checked against the Kubernetes schemas of the last four minor
-versions kubernetes-validate ships; the Prometheus Operator's objects (no schema there) are
-checked for what gpuload relies on. The PrometheusRule must be the shipped rules with the chosen
-thresholds, and the chart's copies must match alert_rules/ and grafana/dashboards/.
+versions kubernetes-validate ships; the Prometheus Operator's objects are checked against its CRDs
+in tests/test_helm_platforms.py, with the platforms' values. The PrometheusRule must be the
+shipped rules with the chosen thresholds and the chart's job, and the chart's copies must match
+alert_rules/ and grafana/dashboards/.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
+from helm_python import _native
 from kubernetes_validate import utils as validate_utils
 
 from exporter import config
@@ -27,7 +29,10 @@ from exporter.relay import config as relay_config
 
 CHART = chart_files.CHART
 NAMESPACE = "monitoring"
-OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
+OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+# What a cluster with the Prometheus Operator's CRDs serves, as `helm template --api-versions`
+# gives it: the chart renders its monitors and rules only for such a cluster (enabled: auto).
+OPERATOR_APIS = tuple(f"monitoring.coreos.com/v1/{kind}" for kind in sorted(OPERATOR_KINDS))
 KUBE_VERSIONS = sorted(
     set(validate_utils.all_versions()), key=lambda v: tuple(int(part) for part in v.split("."))
 )[-4:]
@@ -112,8 +117,31 @@ def loaded() -> helm.Chart:
         yield chart
 
 
-def render_objects(chart: helm.Chart, values: dict[str, Any]) -> list[dict[str, Any]]:
-    manifests = chart.render(values=values, name="gpuload", namespace=NAMESPACE, is_install=True)
+def render_chart(
+    chart: helm.Chart, values: dict[str, Any], *, api_versions: tuple[str, ...] = OPERATOR_APIS
+) -> dict[str, str]:
+    """The chart rendered as `helm template --api-versions ...` would: template path -> text.
+
+    Chart.render offers no api_versions argument; the options of libhelm_c's render, which it
+    calls, do (the Capabilities.APIVersions of helm template), so this passes them itself.
+    """
+    options = {
+        "name": "gpuload",
+        "namespace": NAMESPACE,
+        "is_install": True,
+        "api_versions": list(api_versions),
+    }
+    rendered = _native.call_string(
+        "helm_render", chart._raw(), json.dumps(values), json.dumps(options)
+    )
+    manifests: dict[str, str] = json.loads(rendered)
+    return manifests
+
+
+def render_objects(
+    chart: helm.Chart, values: dict[str, Any], *, api_versions: tuple[str, ...] = OPERATOR_APIS
+) -> list[dict[str, Any]]:
+    manifests = render_chart(chart, values, api_versions=api_versions)
     return [
         document
         for path, text in sorted(manifests.items())
@@ -192,16 +220,15 @@ def test_toggles_leave_their_objects_out(loaded: helm.Chart) -> None:
 def test_daemonset_runs_on_gpu_nodes_locked_down(loaded: helm.Chart) -> None:
     daemonset = the(render_objects(loaded, {}), "DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
-    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]
-    assert term["matchExpressions"] == [
+    assert terms[0]["matchExpressions"] == [
         {"key": "nvidia.com/gpu.present", "operator": "In", "values": ["true"]}
     ]
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
-        "tolerations"
-    ]
-    assert "runtimeClassName" not in pod and "priorityClassName" not in pod
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+    assert pod["runtimeClassName"] == "nvidia"
+    assert pod["priorityClassName"] == "system-node-critical"
     (container,) = pod["containers"]
     assert container["args"] == ["serve", "--config", "/etc/gpuload/gpuload.yaml"]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
@@ -210,7 +237,7 @@ def test_daemonset_runs_on_gpu_nodes_locked_down(loaded: helm.Chart) -> None:
     assert security["readOnlyRootFilesystem"] is True
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert security["allowPrivilegeEscalation"] is False
-    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts["pod-resources"] == {
         "name": "pod-resources",
@@ -272,9 +299,24 @@ def shipped_groups() -> list[dict[str, Any]]:
     ]
 
 
-def test_prometheus_rule_is_the_shipped_rules(loaded: helm.Chart) -> None:
+def rendered_groups(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The groups `python -m exporter.alerting.render` makes of a thresholds document."""
+    return [
+        group
+        for text in render.render(thresholds.parse(document)).values()
+        for group in yaml.safe_load(text)["groups"]
+    ]
+
+
+def test_prometheus_rule_is_the_shipped_rules_for_the_charts_job(loaded: helm.Chart) -> None:
     rule = the(render_objects(loaded, {}), "PrometheusRule")
-    assert rule["spec"]["groups"] == shipped_groups()
+    document = yaml.safe_load(thresholds.DEFAULT_PATH.read_text())
+    assert document["exporter_job_regex"] != "gpuload"
+    # The shipped rules' own regex would match the relay's job too; the chart's names its job.
+    assert rule["spec"]["groups"] == rendered_groups({**document, "exporter_job_regex": "gpuload"})
+    shipped = shipped_groups()
+    assert rendered_groups(document) == shipped
+    assert len(rule["spec"]["groups"]) == len(shipped)
 
 
 def test_prometheus_rule_takes_the_thresholds_from_values(loaded: helm.Chart) -> None:
@@ -284,14 +326,10 @@ def test_prometheus_rule_takes_the_thresholds_from_values(loaded: helm.Chart) ->
     overrides = CUSTOM_THRESHOLDS["prometheusRule"]["thresholds"]
     merged["window"] = overrides["window"]
     merged["short_window"] = overrides["short_window"]
+    merged["exporter_job_regex"] = "gpuload"
     for name, fields in overrides["alerts"].items():
         merged["alerts"][name].update(fields)
-    expected = [
-        group
-        for text in render.render(thresholds.parse(merged)).values()
-        for group in yaml.safe_load(text)["groups"]
-    ]
-    assert rule["spec"]["groups"] == expected
+    assert rule["spec"]["groups"] == rendered_groups(merged)
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
     low = alerts["GPUUtilizationLow"]
     assert "rate2m < 0.25" in low["expr"] and low["for"] == "15m"
@@ -370,6 +408,8 @@ def test_relay_config_is_one_the_relay_accepts(loaded: helm.Chart, tmp_path: Pat
         ),
         ({"relay": {"targets": {"ops": {"type": "slak"}}}}, "at '/relay/targets/ops/type'"),
         ({"serviceMonitor": {"enabeld": False}}, "additional properties 'enabeld' not allowed"),
+        ({"serviceMonitor": {"enabled": "yes"}}, "at '/serviceMonitor/enabled'"),
+        ({"web": {"tls": {"existingSecret": "Not_A_Name"}}}, "at '/web/tls/existingSecret'"),
         ({"exporter": {"env": [{"name": "PATH", "value": "/"}]}}, "at '/exporter/env/0/name'"),
     ],
 )

@@ -80,3 +80,116 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpuload.relayAuthSecret" -}}
 {{- default (printf "%s-auth" (include "gpuload.relayName" .)) .Values.relay.auth.existingSecret }}
 {{- end }}
+
+{{/* The exporter's Prometheus job, set by the monitor's relabelling: deterministic whatever the
+Service or PodMonitor is called, and never the relay's (<fullname>-relay). */}}
+{{- define "gpuload.jobName" -}}
+{{- default (include "gpuload.name" .) .Values.serviceMonitor.jobName }}
+{{- end }}
+
+{{/* "true" when a Prometheus Operator object is to be rendered, else empty. .key is its values
+section (enabled: auto, true or false), .kind its kind in monitoring.coreos.com/v1. */}}
+{{- define "gpuload.operatorObject" -}}
+{{- $enabled := index .root.Values .key "enabled" }}
+{{- $api := printf "monitoring.coreos.com/v1/%s" .kind }}
+{{- $served := .root.Capabilities.APIVersions.Has $api }}
+{{- if eq (toString $enabled) "auto" }}
+{{- if $served }}true{{ end }}
+{{- else if $enabled }}
+{{- if not $served }}
+{{- fail (printf "%s.enabled is true but this cluster has no %s: install the Prometheus Operator's CRDs first (kube-prometheus-stack, or the prometheus-operator-crds chart), or set %s.enabled=auto to leave it out. helm template knows no cluster: pass --api-versions %s." .key $api .key $api) }}
+{{- end }}
+{{- print "true" }}
+{{- end }}
+{{- end }}
+
+{{/* The kind that scrapes the exporter: PodMonitor, ServiceMonitor, or empty. */}}
+{{- define "gpuload.exporterMonitor" -}}
+{{- if .Values.podMonitor.enabled }}
+{{- if eq (toString .Values.serviceMonitor.enabled) "true" }}
+{{- fail "serviceMonitor.enabled and podMonitor.enabled are both true: the exporter would be scraped twice. Keep one (serviceMonitor.enabled=auto or false with the PodMonitor)." }}
+{{- end }}
+{{- if include "gpuload.operatorObject" (dict "root" . "key" "podMonitor" "kind" "PodMonitor") }}PodMonitor{{ end }}
+{{- else if include "gpuload.operatorObject" (dict "root" . "key" "serviceMonitor" "kind" "ServiceMonitor") }}ServiceMonitor
+{{- end }}
+{{- end }}
+
+{{/* The exporter container's security context: the values' with the chart's identity, root
+with no capabilities when it must connect to the kubelet's root-only pod-resources socket,
+uid 10001 otherwise. A privileged container (GKE's managed drivers) escalates by definition. */}}
+{{- define "gpuload.exporterSecurityContext" -}}
+{{- $identity := dict "runAsUser" 10001 "runAsGroup" 10001 "runAsNonRoot" true }}
+{{- if .Values.exporter.podResources.enabled }}
+{{- $identity = dict "runAsUser" 0 "runAsGroup" 0 "runAsNonRoot" false }}
+{{- end }}
+{{- $context := mergeOverwrite $identity (deepCopy .Values.exporter.securityContext) }}
+{{- if $context.privileged }}
+{{- $_ := set $context "allowPrivilegeEscalation" true }}
+{{- end }}
+{{- toYaml $context }}
+{{- end }}
+
+{{/* Where the exporter's web config file is: in the ConfigMap, or written by the init
+container when basic auth needs the password's hash. Empty without TLS or basic auth. */}}
+{{- define "gpuload.webConfigFile" -}}
+{{- if .Values.web.basicAuth.existingSecret }}/run/gpuload/web.yml
+{{- else if .Values.web.tls.existingSecret }}/etc/gpuload/web.yml
+{{- end }}
+{{- end }}
+
+{{/* A probe of the exporter: HTTPS when it serves TLS. */}}
+{{- define "gpuload.probe" -}}
+{{- $probe := deepCopy .probe }}
+{{- if and .root.Values.web.tls.existingSecret $probe.httpGet }}
+{{- $_ := set $probe.httpGet "scheme" "HTTPS" }}
+{{- end }}
+{{- toYaml $probe }}
+{{- end }}
+
+{{/* The scrape settings the ServiceMonitor and the PodMonitor share (one endpoint). */}}
+{{- define "gpuload.scrapeEndpoint" -}}
+{{- $monitor := .Values.serviceMonitor }}
+{{- $web := .Values.web }}
+port: metrics
+path: {{ default "/metrics" (dig "web" "telemetry_path" "" .Values.exporter.config) }}
+interval: {{ $monitor.interval }}
+scrapeTimeout: {{ $monitor.scrapeTimeout }}
+honorLabels: {{ $monitor.honorLabels }}
+{{- if $web.tls.existingSecret }}
+scheme: https
+tlsConfig:
+  {{- $default := dict "ca" (dict "secret" (dict "name" $web.tls.existingSecret "key" $web.tls.secretKeys.ca)) "serverName" (printf "%s.%s.svc" (include "gpuload.fullname" .) .Release.Namespace) }}
+  {{- toYaml (default $default $monitor.tlsConfig) | nindent 2 }}
+{{- end }}
+{{- with $web.basicAuth.existingSecret }}
+basicAuth:
+  username:
+    name: {{ . }}
+    key: {{ $web.basicAuth.secretKeys.username }}
+  password:
+    name: {{ . }}
+    key: {{ $web.basicAuth.secretKeys.password }}
+{{- end }}
+relabelings:
+  # gpuload exports no hostname label: the node comes from service discovery.
+  - sourceLabels: [__meta_kubernetes_pod_node_name]
+    targetLabel: node
+    action: replace
+  # And the instance is the node, not the pod's address, as kube-prometheus does for
+  # node-exporter: a restarted pod (a new IP) stays the same instance, which the
+  # GPUCountDropped, GPUVanished and GPUFellOffBus alerts need to see across restarts.
+  - sourceLabels: [__meta_kubernetes_pod_node_name]
+    targetLabel: instance
+    action: replace
+  # The job the PrometheusRule's exporter_job_regex names.
+  - targetLabel: job
+    replacement: {{ include "gpuload.jobName" . }}
+    action: replace
+  {{- with $monitor.relabelings }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with $monitor.metricRelabelings }}
+metricRelabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
