@@ -117,6 +117,7 @@ DIRECTORY = {
     "0": Target("0", "GPU-aaaa"),
     "GPU-bbbb": Target("1", "GPU-bbbb"),
     "1": Target("1", "GPU-bbbb"),
+    "nvidia1": Target("1", "GPU-bbbb"),
     "MIG-cccc": Target("1", "GPU-bbbb", "3"),
 }
 
@@ -129,8 +130,9 @@ DIRECTORY = {
         ("MIG-cccc", Target("1", "GPU-bbbb", "3")),
         ("MIG-GPU-bbbb/5/0", Target("1", "GPU-bbbb", "5")),  # drivers before R470
         ("1", Target("1", "GPU-bbbb")),  # deviceIDStrategy=index
+        ("nvidia1", Target("1", "GPU-bbbb")),  # GKE's plugin: /dev/nvidia1, the minor number
         ("GPU-ffff", None),  # another node's GPU, or one NVML does not see
-        ("nvidia0", None),
+        ("nvidia7", None),
         ("MIG-GPU-ffff/1/0", None),
     ],
 )
@@ -174,6 +176,7 @@ def test_pods_are_attributed_to_gpus_by_nvml_uuid(
             Pod("ml", "notebook", {"main": [(GPU, [f"{gpus['5']}::0"])], "sidecar": []}),
             Pod("ml", "notebook-2", {"main": [(GPU, [f"{gpus['5']}::1"])]}),
             Pod("ml", "by-index", {"main": [(GPU, ["7"])]}),
+            Pod("ml", "on-gke", {"main": [(GPU, ["nvidia3"])]}),
             Pod("ml", "elsewhere", {"main": [(GPU, ["GPU-00000000-0000-0000-0000-000000000000"])]}),
             Pod("ml", "fpga", {"main": [("example.com/fpga", ["3"])]}),
         ]
@@ -182,6 +185,7 @@ def test_pods_are_attributed_to_gpus_by_nvml_uuid(
     assert pod_info(samples) == [
         info("0", gpus["0"], "train-0"),
         info("1", gpus["1"], "train-0"),
+        info("3", gpus["3"], "on-gke"),
         info("5", gpus["5"], "notebook"),
         info("5", gpus["5"], "notebook-2"),
         info("7", gpus["7"], "by-index"),

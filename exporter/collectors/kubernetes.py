@@ -14,9 +14,11 @@ Families:
 The kubelet names devices by the ids the device plugin gave them: for NVIDIA's plugin,
 GPU UUIDs (``GPU-...``), MIG device UUIDs (``MIG-...``; ``MIG-GPU-<uuid>/<gi>/<ci>`` on
 old drivers), a ``::N`` suffix for time-sliced replicas, or GPU indices with its
-``deviceIDStrategy=index``. The UUIDs are mapped to GPU indices with what NVML reports
-(nvmlDeviceGetUUID on each GPU and, in MIG mode, on each MIG device handle), read only
-when an answer names a device not mapped yet.
+``deviceIDStrategy=index``; for GKE's plugin (container-engine-accelerators), the device node's
+name, ``nvidiaN``, N being the GPU's minor number (nvmlDeviceGetMinorNumber). The ids are
+mapped to GPU indices with what NVML reports (nvmlDeviceGetUUID and the minor number on each
+GPU and, in MIG mode, the UUID of each MIG device handle), read only when an answer names a
+device not mapped yet.
 
 The List call is started without waiting and read on a later cycle, so a kubelet that
 hangs delays nothing; its deadline is `timeout`. The last answer is kept through a few
@@ -275,6 +277,9 @@ def read_directory(read: Reader) -> dict[str, Target]:
             continue
         gpu = Target(str(index), identity.uuid)
         directory[identity.uuid] = directory[str(index)] = gpu
+        minor = read(device.minor_number)
+        if minor is not None:
+            directory[f"nvidia{minor}"] = gpu
         if not read(device.mig_mode_enabled):
             continue
         for instance in read(device.mig_devices) or []:

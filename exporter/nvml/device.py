@@ -594,6 +594,11 @@ class Device:
             for s in samples
         ]
 
+    def minor_number(self) -> int:
+        """nvmlDeviceGetMinorNumber: N of the GPU's device node /dev/nvidiaN."""
+        with translated():
+            return int(pynvml.nvmlDeviceGetMinorNumber(self._handle))
+
     def mig_mode_enabled(self) -> bool:
         """nvmlDeviceGetMigMode: whether the GPU is partitioned into MIG instances now."""
         with translated():

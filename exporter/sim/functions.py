@@ -317,6 +317,9 @@ def _handle(call: Call, key: Any, ref: Any) -> int:
 # Identity
 
 
+# The minor number (N of /dev/nvidiaN) as the index: every recorded machine in
+# ../shared/reality numbers its single-GPU captures 0 ("Minor Number : 0"), and the driver
+# numbers device nodes in PCI bus order, as NVML orders its indices.
 @device("nvmlDeviceGetIndex", "nvmlDeviceGetMinorNumber")
 def _index(call: Call, ref: Any) -> int:
     target(ref).value = call.device.index
