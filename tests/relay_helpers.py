@@ -6,18 +6,21 @@ import hashlib
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
+import pytest
 import requests
 import yaml
 from helpers import ROOT, wait_until
@@ -26,6 +29,7 @@ from exporter.relay import config as relay_config
 from exporter.relay.daemon import Relay
 
 _LISTENING = re.compile(r"listening on (http://\S+/)")
+T = TypeVar("T")
 
 
 @dataclass
@@ -248,6 +252,123 @@ def start_relay_process(
         process.kill()
         raise AssertionError(f"gpuload relay did not start:\n{relay.log()}")
     return relay
+
+
+def pagerduty_accepted(request: Received) -> tuple[int, dict[str, str], bytes]:
+    """PagerDuty's Events API answer to an event it took: 202 with the event's dedup_key."""
+    document = {
+        "status": "success",
+        "message": "Event processed",
+        "dedup_key": request.json().get("dedup_key", ""),
+    }
+    return 202, {"Content-Type": "application/json"}, json.dumps(document).encode()
+
+
+class StreamingTarget:
+    """A target writing its raw HTTP answer in pieces, a pause after each, until the client leaves.
+
+    It counts the bytes each answer got into the connection: what the client could read.
+    """
+
+    def __init__(self, pieces: Callable[[], Iterator[bytes]], pause: float = 0.0) -> None:
+        self.requests = 0
+        self.written: list[int] = []
+        self.ended = threading.Event()
+        self.stop = threading.Event()
+        target = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                target.requests += 1
+                index = len(target.written)
+                target.written.append(0)
+                try:
+                    for piece in pieces():
+                        if target.stop.is_set():
+                            break
+                        self.wfile.write(piece)
+                        target.written[index] += len(piece)
+                        if pause:
+                            target.stop.wait(pause)
+                except OSError:
+                    pass  # the client closed the connection: what the test waits for
+                finally:
+                    self.close_connection = True
+                    target.ended.set()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/hook"
+
+    def close(self) -> None:
+        self.stop.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@contextmanager
+def small_disk(directory: Path, size: str = "2m") -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `directory`: a disk the test can fill; skips without root."""
+    directory.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root): no full disk to test with")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", "-l", str(directory)], capture_output=True, check=False)
+
+
+def fill(directory: Path) -> Path:
+    """Write a file in `directory` until its file system is full; the file, to delete later."""
+    filler = directory / "filler"
+    with open(filler, "wb", buffering=0) as file:
+        try:
+            while True:
+                file.write(b"\0" * 4096)
+        except OSError:
+            pass
+    return filler
+
+
+@contextmanager
+def write_lock_held(path: Path) -> Iterator[sqlite3.Connection]:
+    """Another connection's write transaction on the queue file, rolled back at the end."""
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        yield other
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+
+
+def in_thread(function: Callable[..., T], *args: Any) -> Future[T]:
+    """Call `function` on a daemon thread: a test that deadlocks fails on a timeout, not hangs."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(function(*args))
+        except BaseException as error:  # noqa: BLE001 - handed to the test through the future
+            future.set_exception(error)
+
+    threading.Thread(target=run, daemon=True).start()
+    return future
 
 
 __all__ = ["wait_until"]

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 import yaml
+from relay_helpers import start_relay_process, write_config
 
-from exporter.relay.config import ConfigError, load
+from exporter.relay.config import ConfigError, load, startup_warnings
 from exporter.relay.routes import Route, parse_matcher, targets_for
 
 
@@ -188,3 +189,39 @@ def test_first_match_wins_unless_continue() -> None:
     # A child without targets inherits its parent's; its own children refine it.
     assert targets_for(tree, {"gpu": "0"}) == ["default"]
     assert targets_for(tree, {"gpu": "0", "node": "n1"}) == ["n1"]
+
+
+RETIRED = "https://contoso.webhook.office.com/webhookb2/0c1d@0c1d/IncomingWebhook/abc/0c1d"
+WORKFLOWS = "https://prod-00.westus.logic.azure.com:443/workflows/abc/triggers/manual/paths/invoke"
+
+
+def test_retired_teams_connector_url_is_warned_about_without_showing_it(tmp_path: Path) -> None:
+    targets = {
+        "old": {"type": "teams", "url": RETIRED},
+        "new": {"type": "teams", "url": WORKFLOWS},
+        "hook": {"type": "webhook", "url": RETIRED},
+    }
+    settings = load(file=write(tmp_path, loopback(targets=targets, route={"targets": ["old"]})))
+    warnings = startup_warnings(settings)
+    assert len(warnings) == 1
+    assert warnings[0].startswith("targets.old.url: an Office 365 connector webhook")
+    assert "Workflows" in warnings[0] and "webhook.office.com/webhookb2" not in warnings[0]
+
+
+def test_relay_logs_one_warning_line_for_a_retired_connector(tmp_path: Path) -> None:
+    path = write_config(
+        tmp_path,
+        {
+            "targets": {"old": {"type": "teams", "url": RETIRED}},
+            "route": {"targets": ["old"]},
+        },
+    )
+    relay = start_relay_process(path)
+    try:
+        warnings = [line for line in relay.lines if "WARNING" in line]
+    finally:
+        relay.process.terminate()
+        relay.process.wait(timeout=10)
+    assert len(warnings) == 1, relay.log()
+    assert "targets.old.url" in warnings[0] and "retired" in warnings[0]
+    assert "0c1d" not in relay.log()  # the URL is a secret

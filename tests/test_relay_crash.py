@@ -12,10 +12,12 @@ import requests
 from helpers import parse_metrics, value_of, wait_until
 from relay_helpers import (
     FakeTarget,
+    Received,
     RelayProcess,
     alert,
     fast_delivery,
     notification,
+    pagerduty_accepted,
     post,
     start_relay_process,
     write_config,
@@ -25,10 +27,10 @@ NOTIFICATIONS = 150
 KILLS = 4
 
 
-def metric(relay: RelayProcess, name: str) -> float | None:
-    """A sample of the relay's /metrics for the one target, `hook`."""
+def metric(relay: RelayProcess, name: str, target: str = "hook") -> float | None:
+    """A sample of the relay's /metrics for one target."""
     answer = requests.get(relay.url + "metrics", timeout=10)
-    return value_of(parse_metrics(answer.text), name, target="hook")
+    return value_of(parse_metrics(answer.text), name, target=target)
 
 
 def test_every_acknowledged_notification_arrives_exactly_once_after_dedup(tmp_path: Path) -> None:
@@ -107,3 +109,59 @@ def test_every_acknowledged_notification_arrives_exactly_once_after_dedup(tmp_pa
                 process.process.kill()
                 process.process.wait()
         receiver.close()
+
+
+def test_a_resolve_stays_behind_its_trigger_across_a_kill(tmp_path: Path) -> None:
+    triggers = 0
+
+    def answer(request: Received) -> tuple[int, dict[str, str], bytes] | None:
+        # The first trigger fails, the second hangs until the relay is killed, then all is taken.
+        nonlocal triggers
+        if request.json()["event_action"] == "trigger":
+            triggers += 1
+            if triggers == 1:
+                return 502, {}, b"bad gateway"
+            if triggers == 2:
+                return None
+        return pagerduty_accepted(request)
+
+    pager = FakeTarget(answer)
+    (tmp_path / "routing-key").write_text("routing-key-1\n")
+    config = write_config(
+        tmp_path,
+        {
+            "targets": {
+                "pager": {"type": "pagerduty", "url": pager.url, "routing_key_file": "routing-key"}
+            },
+            "route": {"targets": ["pager"]},
+            # Long enough for the resolve to be accepted while the trigger waits to be retried.
+            "delivery": fast_delivery(backoff_initial="2s", backoff_max="2s"),
+        },
+    )
+    relay = [start_relay_process(config)]
+
+    def actions() -> list[str]:
+        return [request.json()["event_action"] for request in pager.requests]
+
+    try:
+        assert post(relay[-1].url, notification(alert(), group="db")).status_code == 200
+        wait_until(lambda: actions() == ["trigger"], what="the trigger that fails")
+        resolved = notification(alert(status="resolved"), group="db")
+        assert post(relay[-1].url, resolved).status_code == 200
+        wait_until(lambda: actions().count("trigger") == 2, timeout=30, what="the retry that hangs")
+        relay[-1].process.send_signal(signal.SIGKILL)
+        relay[-1].process.wait()
+        relay.append(start_relay_process(config))
+        wait_until(lambda: "resolve" in actions(), timeout=30, what="the resolve")
+        wait_until(
+            lambda: metric(relay[-1], "gpuload_relay_queue_depth", "pager") == 0,
+            what="no queue",
+        )
+        assert actions() == ["trigger", "trigger", "trigger", "resolve"]
+        assert len({request.json()["dedup_key"] for request in pager.requests}) == 1
+    finally:
+        for process in relay:
+            if process.process.poll() is None:
+                process.process.kill()
+                process.process.wait()
+        pager.close()

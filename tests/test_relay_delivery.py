@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import itertools
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,11 +18,16 @@ from helpers import Clock, parse_metrics, value_of, wait_until
 from relay_helpers import (
     FakeTarget,
     Received,
+    StreamingTarget,
     alert,
     fast_delivery,
+    fill,
+    in_thread,
     notification,
+    pagerduty_accepted,
     post,
     running_relay,
+    small_disk,
     write_config,
 )
 
@@ -28,7 +35,7 @@ from exporter.relay import config as relay_config
 from exporter.relay import targets
 from exporter.relay.delivery import YIELD_SECONDS, Worker
 from exporter.relay.metrics import RelayMetrics
-from exporter.relay.queue import DEAD, DELIVERED, Queue
+from exporter.relay.queue import DEAD, DELIVERED, QUEUED, Queue
 from exporter.relay.templates import MessageSettings
 
 
@@ -84,12 +91,11 @@ class Node:
             for name, target in self.config.targets.items()
         }
 
-    def accept(self, target: str, group: str) -> None:
+    def accept(self, target: str, group: str, status: str = "firing") -> None:
         """Queue a notification for `target` now, as the HTTP endpoint does."""
-        body = json.dumps(notification(alert(), group=group))
-        self.queue.enqueue(
-            [(target, f"key-{group}", body)], self.clock(), self.config.queue.max_age
-        )
+        body = json.dumps(notification(alert(status=status), group=group))
+        key = f"key-{group}" if status == "firing" else f"key-{group}-{status}"
+        self.queue.enqueue([(target, key, body)], self.clock(), self.config.queue.max_age)
 
     def sample(self, name: str, **labels: str) -> float | None:
         return self.metrics.registry.get_sample_value(name, labels)
@@ -127,9 +133,10 @@ def test_notification_reaches_the_webhook_signed(tmp_path: Path, fakes: list[Fak
         wait_until(lambda: receiver.requests, what="the delivery")
         request = receiver.requests[0]
         assert request.json() == document
-        expected = hmac.new(b"s3cret", request.body, hashlib.sha256).hexdigest()
-        assert request.headers["X-Gpuload-Signature"] == f"sha256={expected}"
-        assert request.headers["X-Gpuload-Timestamp"].isdigit()
+        stamp = request.headers["X-Gpuload-Timestamp"]
+        assert stamp.isdigit()
+        expected = hmac.new(b"s3cret", stamp.encode() + b"." + request.body, hashlib.sha256)
+        assert request.headers["X-Gpuload-Signature"] == f"t={stamp},v1={expected.hexdigest()}"
         wait_until(
             lambda: (
                 value_of(
@@ -520,3 +527,238 @@ def test_deliveries_go_on_while_notifications_keep_being_accepted(
         queue.close()
     assert [request.json() for request in receiver.requests] == [json.loads(b) for b in bodies]
     assert waits[:2] == [YIELD_SECONDS, YIELD_SECONDS]
+
+
+def pagerduty_node(nodes: OpenNode, directory: Path, url: str, **delivery: Any) -> Node:
+    (directory / "routing-key").write_text("routing-key-1\n")
+    return nodes(
+        directory,
+        {
+            "targets": {
+                "pager": {
+                    "type": "pagerduty",
+                    "url": url,
+                    "routing_key_file": "routing-key",
+                    "min_interval": 0,
+                }
+            },
+            "route": {"targets": ["pager"]},
+            "delivery": fast_delivery(**delivery),
+        },
+    )
+
+
+def incident(group: str) -> str:
+    """PagerDuty's dedup_key for the notifications of `group`: one incident per group."""
+    return hashlib.sha256(f'{{}}:{{group="{group}"}}'.encode()).hexdigest()
+
+
+def events(target: FakeTarget) -> list[tuple[str, str]]:
+    """(event_action, group) of each request PagerDuty got, in order."""
+    groups = {incident(group): group for group in ("db", "gpu")}
+    return [
+        (request.json()["event_action"], groups[request.json()["dedup_key"]])
+        for request in target.requests
+    ]
+
+
+def test_a_resolve_waits_until_its_failed_trigger_is_delivered(
+    tmp_path: Path, fakes: list[FakeTarget], nodes: OpenNode
+) -> None:
+    first = threading.Event()
+
+    def answer(request: Received) -> tuple[int, dict[str, str], bytes]:
+        if not first.is_set():
+            first.set()
+            return 502, {}, b"bad gateway"
+        return pagerduty_accepted(request)
+
+    pager = fake(fakes, answer)
+    node = pagerduty_node(nodes, tmp_path, pager.url)
+    worker = node.workers["pager"]
+    node.accept("pager", "db")
+    worker.step()
+    node.accept("pager", "db", "resolved")
+    # The trigger waits out its backoff, and the resolve waits behind it: PagerDuty would take
+    # a trigger after the resolve for a new incident, left open.
+    assert worker.step() > 0
+    assert events(pager) == [("trigger", "db")]
+    due = node.queue.next_attempt("pager")
+    assert due is not None
+    node.clock.now = due
+    worker.step()
+    worker.step()
+    assert events(pager) == [("trigger", "db"), ("trigger", "db"), ("resolve", "db")]
+    assert node.queue.entries(QUEUED) == []
+    assert len(node.queue.entries(DELIVERED)) == 2
+
+
+def test_an_incident_in_backoff_does_not_delay_another(
+    tmp_path: Path, fakes: list[FakeTarget], nodes: OpenNode
+) -> None:
+    def answer(request: Received) -> tuple[int, dict[str, str], bytes]:
+        if request.json()["dedup_key"] == incident("db"):
+            return 502, {}, b"bad gateway"
+        return pagerduty_accepted(request)
+
+    pager = fake(fakes, answer)
+    node = pagerduty_node(nodes, tmp_path, pager.url, backoff_initial="10s", backoff_max="10s")
+    worker = node.workers["pager"]
+    node.accept("pager", "db")
+    node.accept("pager", "db", "resolved")
+    node.accept("pager", "gpu")
+    worker.step()
+    worker.step()
+    assert events(pager) == [("trigger", "db"), ("trigger", "gpu")]
+    # Nothing else is due: db's resolve waits behind its trigger, in backoff.
+    assert worker.step() > 0
+    node.accept("pager", "gpu", "resolved")
+    worker.step()
+    assert events(pager)[-1] == ("resolve", "gpu")
+    for _ in range(3):
+        due = node.queue.next_attempt("pager")
+        assert due is not None
+        node.clock.now = due
+        worker.step()
+        assert events(pager)[-1] == ("trigger", "db")
+    assert [action for action, group in events(pager) if group == "db"] == ["trigger"] * 4
+    assert [entry.dedup_key for entry in node.queue.entries(QUEUED)] == [
+        "key-db",
+        "key-db-resolved",
+    ]
+
+
+def test_a_digest_holds_at_most_one_notification_per_group(
+    tmp_path: Path, fakes: list[FakeTarget], nodes: OpenNode
+) -> None:
+    slack = fake(fakes)
+    node = nodes(
+        tmp_path,
+        {
+            "targets": {"slack": {"type": "slack", "url": slack.url, "min_interval": 0}},
+            "route": {"targets": ["slack"]},
+            "delivery": fast_delivery(storm_threshold=2, digest_max=20),
+        },
+    )
+    for group in ("a", "b", "c"):
+        node.accept("slack", group)
+    for group in ("a", "b"):
+        node.accept("slack", group, "resolved")
+    worker = node.workers["slack"]
+    worker.step()
+    assert sorted(e.dedup_key for e in node.queue.entries(DELIVERED)) == ["key-a", "key-b", "key-c"]
+    worker.step()
+    assert node.queue.entries(QUEUED) == []
+    assert len(slack.requests) == 2
+    assert all(r.json()["text"].startswith("Alert digest") for r in slack.requests)
+
+
+def test_a_delivery_whose_record_fails_on_a_full_disk_is_sent_once(
+    tmp_path: Path,
+    fakes: list[FakeTarget],
+    nodes: OpenNode,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    receiver = fake(fakes)
+    with small_disk(tmp_path / "disk") as disk:
+        node = nodes(
+            tmp_path,
+            {
+                "targets": {"hook": {"type": "webhook", "url": receiver.url}},
+                "route": {"targets": ["hook"]},
+                "queue": {"path": str(disk / "relay.db")},
+                "delivery": fast_delivery(),
+            },
+        )
+        worker = node.workers["hook"]
+        node.accept("hook", "gpu")
+        filler = fill(disk)
+        caplog.set_level(logging.INFO, logger="exporter.relay")
+        for _ in range(10):
+            worker.step()
+            node.clock.now += 60
+        # Sent once; the queue could not record it, and the worker kept trying to record it,
+        # not to send it again.
+        assert len(receiver.requests) == 1
+        (queued,) = node.queue.entries(QUEUED)
+        assert queued.attempts == 0
+        problems = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(problems) == 1, [r.getMessage() for r in problems]
+        assert problems[0].exc_info is None
+        assert "full" in problems[0].getMessage()
+        filler.unlink()
+        worker.step()
+        assert len(receiver.requests) == 1
+        (delivered,) = node.queue.entries(DELIVERED)
+        assert delivered.attempts == 1
+        assert node.sample("gpuload_relay_deliveries_total", target="hook", outcome="delivered")
+        node.close()
+
+
+def trickled(answer: bytes) -> Callable[[], Iterator[bytes]]:
+    return lambda: (bytes([byte]) for byte in answer)
+
+
+TRICKLING_ANSWERS = {
+    "headers": trickled(b"HTTP/1.1 200 OK\r\nX-Padding: " + b"a" * 10_000 + b"\r\n\r\n"),
+    "body": lambda: itertools.chain(
+        [b"HTTP/1.1 200 OK\r\nContent-Length: 10000\r\n\r\n"], trickled(b"a" * 10_000)()
+    ),
+}
+
+
+@pytest.mark.parametrize("part", sorted(TRICKLING_ANSWERS))
+def test_a_trickling_answer_ends_the_attempt_at_the_timeout(
+    tmp_path: Path, nodes: OpenNode, part: str
+) -> None:
+    # A byte every 20 ms: every read is answered well within the timeout, and the whole
+    # answer would take 200 s.
+    trickle = StreamingTarget(TRICKLING_ANSWERS[part], pause=0.02)
+    try:
+        node = nodes(
+            tmp_path,
+            {
+                "targets": {"hook": {"type": "webhook", "url": trickle.url, "timeout": "1s"}},
+                "route": {"targets": ["hook"]},
+                "delivery": fast_delivery(),
+            },
+        )
+        node.accept("hook", "gpu")
+        in_thread(node.workers["hook"].step).result(timeout=60)
+        (entry,) = node.queue.entries(QUEUED)
+        assert entry.attempts == 1
+        assert "timed out" in entry.last_error
+        assert trickle.ended.wait(30), "the relay kept the connection open"
+        assert node.sample("gpuload_relay_deliveries_total", target="hook", outcome="failed") == 1
+    finally:
+        trickle.close()
+
+
+def test_a_huge_answer_is_read_only_up_to_the_bound(tmp_path: Path, nodes: OpenNode) -> None:
+    size = 256 << 20
+    chunk = b"x" * (64 << 10)
+
+    def answer() -> Iterator[bytes]:
+        yield f"HTTP/1.1 200 OK\r\nContent-Length: {size}\r\n\r\n".encode()
+        for _ in range(size // len(chunk)):
+            yield chunk
+
+    huge = StreamingTarget(answer)
+    try:
+        node = nodes(
+            tmp_path,
+            {
+                "targets": {"hook": {"type": "webhook", "url": huge.url}},
+                "route": {"targets": ["hook"]},
+                "delivery": fast_delivery(),
+            },
+        )
+        node.accept("hook", "gpu")
+        in_thread(node.workers["hook"].step).result(timeout=120)
+        assert huge.ended.wait(30), "the relay kept the connection open"
+        # What the relay took, and what the kernel's socket buffers held: megabytes at most.
+        assert huge.written[0] < 32 << 20
+        (entry,) = node.queue.entries(DELIVERED)
+        assert entry.attempts == 1
+    finally:
+        huge.close()

@@ -7,19 +7,28 @@ and the enqueues that arrive meanwhile join the next batch.
 
 from __future__ import annotations
 
+import json
 import sqlite3
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 from helpers import wait_until
-from relay_helpers import FakeTarget, alert, notification, post, running_relay
+from relay_helpers import (
+    FakeTarget,
+    alert,
+    fill,
+    in_thread,
+    notification,
+    post,
+    running_relay,
+    small_disk,
+    write_lock_held,
+)
 
-from exporter.relay.queue import QUEUED, Queue
+from exporter.relay.queue import DEAD, QUEUED, Queue
 
 NOW = 1_767_322_800.0
 MAX_AGE = 3600.0
@@ -27,32 +36,6 @@ MAX_AGE = 3600.0
 Rows = list[tuple[str, str, str]]
 Results = list[tuple[str, bool]]
 T = TypeVar("T")
-
-
-@contextmanager
-def write_lock_held(path: Path) -> Iterator[sqlite3.Connection]:
-    """Another connection's write transaction on the queue file, rolled back at the end."""
-    other = sqlite3.connect(path, isolation_level=None)
-    other.execute("BEGIN IMMEDIATE")
-    try:
-        yield other
-    finally:
-        other.execute("ROLLBACK")
-        other.close()
-
-
-def in_thread(function: Callable[..., T], *args: Any) -> Future[T]:
-    """Call `function` on a daemon thread: a test that deadlocks fails on a timeout, not hangs."""
-    future: Future[T] = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(function(*args))
-        except BaseException as error:  # noqa: BLE001 - handed to the test through the future
-            future.set_exception(error)
-
-    threading.Thread(target=run, daemon=True).start()
-    return future
 
 
 def enqueue_later(queue: Queue, rows: Rows) -> Future[Results]:
@@ -92,15 +75,25 @@ def test_enqueues_waiting_for_a_commit_share_the_next_one_and_each_lands_once(
     assert stored(queue) == {**{f"k{n}": f"body {n}" for n in range(20)}, "shared": "same"}
 
 
-def test_an_error_in_a_group_commit_fails_every_enqueue_in_it_and_keeps_none(
-    queue: Queue, tmp_path: Path
+POISON = (
+    "CREATE TRIGGER poison BEFORE INSERT ON notifications WHEN NEW.body = 'poison' "
+    "BEGIN SELECT RAISE(ABORT, 'poisoned row'); END"
+)
+
+# What one bad enqueue carries: a row a trigger refuses, or one that cannot be UTF-8 encoded.
+BAD_ROWS = {
+    "refused": ("hook", "bad", "poison"),
+    "lone surrogate": ("hook", "bad", '{"summary": "\ud800"}'),
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_ROWS))
+def test_a_bad_row_fails_only_its_own_enqueue_in_a_group_commit(
+    queue: Queue, tmp_path: Path, bad: str
 ) -> None:
     path = tmp_path / "relay.db"
     other = sqlite3.connect(path, isolation_level=None)
-    other.execute(
-        "CREATE TRIGGER poison BEFORE INSERT ON notifications WHEN NEW.body = 'poison' "
-        "BEGIN SELECT RAISE(ABORT, 'poisoned row'); END"
-    )
+    other.execute(POISON)
     other.close()
     before = queue.commits
     with write_lock_held(path):
@@ -108,20 +101,95 @@ def test_an_error_in_a_group_commit_fails_every_enqueue_in_it_and_keeps_none(
         first = [enqueue_later(queue, [("hook", f"first{n}", "fine")]) for n in range(2)]
         wait_until(lambda: queue.waiting == 1, what="one enqueue behind the first")
         rest = [enqueue_later(queue, [("hook", f"k{n}", "fine")]) for n in range(9)]
-        rest.append(enqueue_later(queue, [("hook", "bad", "poison")]))
+        rest.append(enqueue_later(queue, [BAD_ROWS[bad]]))
         wait_until(lambda: queue.waiting == 11, what="eleven enqueues behind the first")
     outcomes = [future.exception(timeout=15) for future in first + rest]
 
-    failed = [error for error in outcomes if error is not None]
-    assert len(failed) == 11
-    assert all(isinstance(error, sqlite3.IntegrityError) for error in failed)
-    assert all("poisoned row" in str(error) for error in failed)
-    assert queue.commits - before == 1
-    committed = [f"first{n}" for n in range(2) if outcomes[n] is None]
-    assert list(stored(queue)) == committed
-    # The failed batch left no transaction open: the next enqueue commits.
-    assert queue.enqueue([("hook", "k0", "fine")], NOW, MAX_AGE) == [("hook", True)]
-    assert list(stored(queue)) == [*committed, "k0"]
+    assert outcomes[:-1] == [None] * 11
+    assert isinstance(outcomes[-1], sqlite3.Error)
+    assert queue.commits - before == 2
+    assert sorted(stored(queue)) == sorted(
+        [f"first{n}" for n in range(2)] + [f"k{n}" for n in range(9)]
+    )
+
+
+def test_a_group_commit_on_a_full_disk_fails_every_enqueue_in_it_and_keeps_none(
+    tmp_path: Path,
+) -> None:
+    with small_disk(tmp_path / "disk") as disk:
+        path = disk / "relay.db"
+        queue = Queue(str(path))
+        try:
+            queue.enqueue([("hook", "before", "fine")], NOW, MAX_AGE)
+            filler = fill(disk)
+            with write_lock_held(path):
+                first = enqueue_later(queue, [("hook", "first", "x" * 100_000)])
+                wait_until(lambda: queue.waiting == 0 and not first.done(), what="the first")
+                rest = [enqueue_later(queue, [("hook", f"k{n}", "x" * 100_000)]) for n in range(5)]
+                wait_until(lambda: queue.waiting == 5, what="five enqueues behind the first")
+            outcomes = [future.exception(timeout=15) for future in [first, *rest]]
+            assert all(isinstance(error, sqlite3.OperationalError) for error in outcomes)
+            assert list(stored(queue)) == ["before"]
+            filler.unlink()
+            # The failed commits left no transaction open: the next enqueue commits.
+            assert queue.enqueue([("hook", "k0", "fine")], NOW, MAX_AGE) == [("hook", True)]
+            assert list(stored(queue)) == ["before", "k0"]
+        finally:
+            queue.close()
+
+
+# The queue as the relay's first release created it: no incident column.
+FIRST_SCHEMA = """
+CREATE TABLE notifications (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    target TEXT NOT NULL,
+    dedup_key TEXT NOT NULL,
+    body TEXT NOT NULL,
+    state TEXT NOT NULL,
+    received_at REAL NOT NULL,
+    queued_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    next_attempt_at REAL NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT NOT NULL DEFAULT '',
+    finished_at REAL,
+    UNIQUE (target, dedup_key)
+);
+CREATE INDEX notifications_due ON notifications (target, state, next_attempt_at);
+CREATE VIEW dead_letters AS SELECT * FROM notifications WHERE state = 'dead';
+"""
+
+
+def test_a_queue_from_the_first_release_keeps_each_groups_order_once_opened(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "relay.db"
+    old = sqlite3.connect(path, isolation_level=None)
+    old.executescript(FIRST_SCHEMA)
+    rows = [
+        ("delivered-db", "", "delivered"),
+        ("trigger-db", json.dumps(notification(alert(), group="db")), "queued"),
+        ("resolve-db", json.dumps(notification(alert(status="resolved"), group="db")), "queued"),
+        ("trigger-gpu", json.dumps(notification(alert(), group="gpu")), "queued"),
+        ("not-json", "not json", "queued"),
+        ("dead-gpu", json.dumps(notification(alert(), group="gpu")), "dead"),
+    ]
+    for key, body, state in rows:
+        old.execute(
+            "INSERT INTO notifications (target, dedup_key, body, state, received_at, "
+            "queued_at, expires_at, next_attempt_at) VALUES ('pager', ?, ?, ?, ?, ?, ?, ?)",
+            (key, body, state, NOW, NOW, NOW + MAX_AGE, NOW),
+        )
+    old.close()
+    for _ in range(2):  # opening again finds it migrated
+        queue = Queue(str(path))
+        try:
+            due = [entry.dedup_key for entry in queue.due("pager", NOW, 10)]
+            assert due == ["trigger-db", "trigger-gpu", "not-json"]
+            assert len(queue.entries(QUEUED)) == 4
+            assert [entry.dedup_key for entry in queue.entries(DEAD)] == ["dead-gpu"]
+        finally:
+            queue.close()
 
 
 def test_group_committed_notifications_are_on_disk_for_the_next_open(tmp_path: Path) -> None:

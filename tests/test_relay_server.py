@@ -20,11 +20,13 @@ from relay_helpers import (
     Received,
     alert,
     fast_delivery,
+    in_thread,
     notification,
     post,
     running_relay,
     start_relay_process,
     write_config,
+    write_lock_held,
 )
 
 FAMILIES = {
@@ -99,12 +101,43 @@ def test_oversized_bodies_get_413_and_bad_ones_400(tmp_path: Path, receiver: Fak
         too_large = post(relay.url, big)
         assert too_large.status_code == 413
         assert "over the limit of 4096" in too_large.text
+        # Alertmanager does not retry a 413: the answer says how to stay under the limit.
+        assert "max_alerts" in too_large.text
         bad = post(relay.url, b'{"version": "4", "alerts": "x"}')
         assert bad.status_code == 400
         assert bad.text == "alerts: expected a non-empty list\n"
         assert requests.get(relay.url + "alerts", timeout=5).status_code == 405
         assert requests.get(relay.url + "nope", timeout=5).status_code == 404
         assert relay.queue.states() == {}
+
+
+def test_a_lone_surrogate_is_refused_alone_while_senders_beside_it_are_accepted(
+    tmp_path: Path, receiver: FakeTarget
+) -> None:
+    document = notification(alert())
+    document["alerts"][0]["annotations"]["summary"] = "\ud800 is not a character"
+    bad_body = json.dumps(document).encode()
+    assert b'"\\ud800 is not' in bad_body
+    with running_relay(tmp_path, hook(receiver)) as relay:
+        with write_lock_held(tmp_path / "relay.db"):
+            # As in the queue's tests: the first commits alone once the lock is free, and
+            # those that arrive meanwhile (the bad one among them) share the next commit.
+            valid = [
+                in_thread(post, relay.url, notification(alert(), group=f"g{n}")) for n in range(2)
+            ]
+            wait_until(lambda: relay.queue.waiting == 1, what="one sender behind the first")
+            bad = in_thread(post, relay.url, bad_body)
+            valid += [
+                in_thread(post, relay.url, notification(alert(), group=f"g{n}"))
+                for n in range(2, 6)
+            ]
+            wait_until(lambda: relay.queue.waiting >= 5, what="five senders behind the first")
+        refused = bad.result(timeout=15)
+        assert refused.status_code == 400
+        assert "surrogate" in refused.text
+        assert len(refused.text.splitlines()) == 1
+        assert [answer.result(timeout=15).status_code for answer in valid] == [200] * 6
+        wait_until(lambda: len(receiver.requests) == 6, what="six deliveries")
 
 
 def test_health_readiness_and_metrics_with_help(tmp_path: Path, receiver: FakeTarget) -> None:

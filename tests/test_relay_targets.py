@@ -238,8 +238,10 @@ def test_webhook_sends_the_json_as_received_signed() -> None:
     webhook = build("webhook", secret=Secret("s3cret"))
     request = webhook.request([parsed(document)], NOW)
     assert json.loads(request.body) == document
-    digest = hmac.new(b"s3cret", request.body, hashlib.sha256).hexdigest()
-    assert request.headers["X-Gpuload-Signature"] == f"sha256={digest}"
+    stamp = int(NOW)
+    signed = f"{stamp}.".encode() + request.body
+    digest = hmac.new(b"s3cret", signed, hashlib.sha256).hexdigest()
+    assert request.headers["X-Gpuload-Signature"] == f"t={stamp},v1={digest}"
     assert request.headers["X-Gpuload-Timestamp"] == str(int(NOW))
     assert request.headers["X-Gpuload-Dedup-Key"] == parsed(document).dedup_key()
     assert "X-Gpuload-Signature" not in build("webhook").request([parsed(document)], NOW).headers

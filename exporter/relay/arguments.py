@@ -81,3 +81,14 @@ def add_parser(subparsers: Any) -> None:
     listing.add_argument("--json", action="store_true", help="print JSON")
     for action in (retry, drop):
         action.add_argument("id", type=int, help="the ID shown by `gpuload relay queue list`")
+    test = commands.add_parser(
+        "test",
+        help="send a test message to one target and print the service's answer",
+        description="Sends one test message (a firing alert of severity info; PagerDuty's "
+        "incident is resolved again at once) to TARGET and prints the answer in one line: the "
+        "HTTP status and whether it is delivered, retried or final. Exit status 0 when "
+        "delivered, 1 when refused or unanswered. A Teams Workflows webhook answers 202 and "
+        "runs its flow afterwards: delivery to the channel cannot be confirmed.",
+    )
+    _common(test)
+    test.add_argument("target", help="a target name from the config file's targets")

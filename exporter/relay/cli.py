@@ -1,18 +1,28 @@
-"""`gpuload relay` and `gpuload relay queue`: parsed arguments to configuration, then the work."""
+"""`gpuload relay`, `relay queue` and `relay test`: arguments to configuration, then the work."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
+import logging
 import os
 import sqlite3
 import sys
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from exporter.relay import config
 from exporter.relay.arguments import FLAGS
+
+if TYPE_CHECKING:
+    from exporter.relay.payload import Notification
+    from exporter.relay.targets import Outcome, Target
+
+log = logging.getLogger(__name__)
+# How long `relay test` waits to connect; the answer gets the target's timeout.
+CONNECT_TIMEOUT = 5.0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,12 +37,120 @@ def run(args: argparse.Namespace) -> int:
     except config.ConfigError as error:
         print(f"gpuload relay: {error}", file=sys.stderr)
         return 2
+    if args.relay_command == "test":
+        return _test(settings, args.target)
 
     from exporter import logs
     from exporter.relay.daemon import serve
 
     logs.setup(settings.log.level, settings.log.format)
+    for warning in config.startup_warnings(settings):
+        log.warning("%s", warning)
     return serve(settings)
+
+
+def _test(settings: config.RelayConfig, name: str) -> int:
+    """Send one test message to target `name` and print the answer in one line."""
+    from exporter.relay import targets
+    from exporter.relay.templates import MessageSettings
+
+    if name not in settings.targets:
+        known = ", ".join(sorted(settings.targets)) or "none defined"
+        print(f"gpuload relay test: no target {name!r} (targets: {known})", file=sys.stderr)
+        return 2
+    for warning in config.startup_warnings(settings):
+        print(f"gpuload relay test: warning: {warning}", file=sys.stderr)
+    message = MessageSettings(
+        grafana_url=settings.message.grafana_url,
+        grafana_dashboard=settings.message.grafana_dashboard,
+        timezone=settings.message.timezone,
+    )
+    target = targets.build(settings.targets[name], message)
+    timeout = target.config.timeout or settings.delivery.timeout
+    now = time.time()
+    status, outcome = _send(target, [_test_notification(name, now, "firing")], now, timeout)
+    line = f"{name} ({target.kind}): {_answer(status, outcome)}"
+    if outcome.delivered and target.kind == "pagerduty":
+        # Close the test incident the trigger opened, so that no one is paged for it.
+        resolved, _ = _send(target, [_test_notification(name, now, "resolved")], now, timeout)
+        line += f"; test incident resolved (HTTP {resolved})"
+    print(line)
+    return 0 if outcome.delivered else 1
+
+
+def _send(
+    target: Target, notifications: Sequence[Notification], now: float, timeout: float
+) -> tuple[int | None, Outcome]:
+    import requests
+
+    from exporter.relay.targets import Outcome
+
+    request = target.request(notifications, now)
+    try:
+        response = requests.post(
+            request.url,
+            data=request.body,
+            headers=dict(request.headers),
+            timeout=(CONNECT_TIMEOUT, timeout),
+            allow_redirects=False,
+        )
+    except requests.RequestException as error:
+        # The exception's text holds the URL, which is a secret for most targets.
+        return None, Outcome(False, True, f"{type(error).__name__} (no answer)")
+    with response:
+        return response.status_code, target.outcome(
+            response.status_code, response.headers, response.content
+        )
+
+
+_MEANING = {
+    "retry": "retry (the relay would try again later)",
+    "final": "final (sending it again cannot help: the notification would be a dead letter)",
+}
+
+
+def _answer(status: int | None, outcome: Outcome) -> str:
+    reason = outcome.reason
+    if status is not None:
+        reason = reason.removeprefix(f"HTTP {status}").lstrip(": ,")
+    head = "no answer" if status is None else f"HTTP {status}"
+    verdict = _MEANING.get(outcome.verdict, outcome.verdict)
+    return f"{head} {verdict}" + (f": {reason}" if reason else "")
+
+
+def _test_notification(name: str, now: float, status: str) -> Notification:
+    from exporter.relay import payload
+
+    started = datetime.datetime.fromtimestamp(now, datetime.timezone.utc)
+    labels = {"alertname": "GpuloadRelayTest", "severity": "info", "target": name}
+    document = {
+        "version": "4",
+        "groupKey": f'{{}}:{{alertname="GpuloadRelayTest",target="{name}"}}',
+        "truncatedAlerts": 0,
+        "status": status,
+        "receiver": "gpuload-relay-test",
+        "groupLabels": {"alertname": "GpuloadRelayTest"},
+        "commonLabels": labels,
+        "commonAnnotations": {},
+        "externalURL": "",
+        "alerts": [
+            {
+                "status": status,
+                "labels": labels,
+                "annotations": {
+                    "summary": f"gpuload relay test: target {name} delivers",
+                    "description": "Sent by `gpuload relay test`; nothing needs doing.",
+                },
+                "startsAt": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "endsAt": "0001-01-01T00:00:00Z"
+                if status == "firing"
+                else started.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "generatorURL": "",
+                "fingerprint": "gpuloadrelaytest",
+            }
+        ],
+    }
+    return payload.parse(json.dumps(document))
 
 
 def _queue(args: argparse.Namespace, path: str) -> int:

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 ENV_PREFIX = "GPULOAD_RELAY_"
 
-__all__ = ["ConfigError", "RelayConfig", "Secret", "TargetConfig", "load"]
+__all__ = ["ConfigError", "RelayConfig", "Secret", "TargetConfig", "load", "startup_warnings"]
 
 
 @dataclass(frozen=True)
@@ -608,6 +608,22 @@ def _build(
         targets=targets,
         route=route,
     )
+
+
+def startup_warnings(config: RelayConfig) -> list[str]:
+    """What the operator should fix although the relay can start: one line each, no secrets.
+
+    A Teams target with an Office 365 connector URL (``*.webhook.office.com/webhookb2/...``):
+    Microsoft retired those connectors, so its messages are refused or silently lost.
+    """
+    from exporter.relay.targets.teams import retired_connector
+
+    return [
+        f"targets.{name}.url: an Office 365 connector webhook, which Microsoft retired; "
+        "create a Workflows webhook for the channel and use its URL (see docs/relay.md, Teams)"
+        for name, target in config.targets.items()
+        if target.kind == "teams" and target.url is not None and retired_connector(target.url.value)
+    ]
 
 
 def _auth(values: Mapping[str, Any], secrets: _Secrets) -> AuthConfig:

@@ -1,18 +1,25 @@
 """Alertmanager's webhook payload (version 4): parsed and checked, or refused with a reason.
 
 Only the fields the relay relies on are checked; unknown fields (``routeLabels``,
-``notification_reason`` in newer releases) are kept as received.
+``notification_reason`` in newer releases) are kept as received. Every string
+must be valid Unicode: JSON lets half of a UTF-16 surrogate pair stand alone as
+an escape, but no UTF-8 text (the queue's, a target's) can hold it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 STATUSES = ("firing", "resolved")
+
+# A surrogate's escape: only a body holding one can decode to a string with a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
 
 
 class PayloadError(ValueError):
@@ -96,6 +103,7 @@ def parse(body: bytes | str) -> Notification:
         raise PayloadError(f"not JSON: {reason}") from None
     if not isinstance(document, dict):
         raise PayloadError("not an Alertmanager webhook payload: expected a JSON object")
+    _check_unicode(body, document)
     if str(document.get("version")) != "4":
         raise PayloadError(
             f"not an Alertmanager webhook payload version 4: version is "
@@ -120,6 +128,24 @@ def parse(body: bytes | str) -> Notification:
         truncated_alerts=truncated,
         document=document,
     )
+
+
+def _check_unicode(body: bytes | str, document: dict[str, Any]) -> None:
+    """Refuse a document with a lone surrogate (half of a UTF-16 pair) in any string."""
+    if isinstance(body, bytes):
+        suspect = _SURROGATE_ESCAPE.search(body) is not None
+    else:
+        suspect = _SURROGATE.search(body) is not None
+    if not suspect:
+        return
+    try:
+        json.dumps(document, ensure_ascii=False).encode()
+    except UnicodeEncodeError as error:
+        code = ord(error.object[error.start])
+        raise PayloadError(
+            f"not valid Unicode: a string holds a lone surrogate (\\u{code:04x}); "
+            "send UTF-8 text or escape whole surrogate pairs"
+        ) from None
 
 
 def _alert(raw: Any, path: str) -> Alert:

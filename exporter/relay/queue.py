@@ -4,13 +4,23 @@ A row is ``queued`` until delivered, then ``delivered`` (kept, without its body,
 for the dedup window) or ``dead`` (a dead letter, kept with its body and last
 error until it is retried, dropped or older than the retention). The unique
 (target, dedup_key) makes Alertmanager's re-sends of a notification collapse
-into the row already there. ``synchronous=FULL`` makes every commit reach the
+into the row already there.
+
+Each row belongs to an incident: the Alertmanager group (``groupKey``) it
+notifies of, on which every target keys its own deduplication (PagerDuty's
+dedup_key, a webhook receiver's incident). A target's rows of one incident go
+out one at a time and in the order they were queued: only the oldest queued row
+of an incident is due, so a resolve waits while its trigger is in backoff
+(PagerDuty would take a trigger after the resolve as a new incident) and
+incidents stay independent of each other. ``synchronous=FULL`` makes every commit reach the
 disk before the relay answers 200: a power cut after the answer loses nothing.
 
 Enqueues are group-committed: those that arrive while a commit is in progress
 wait, and the first of them then commits all of them in one transaction (one
 fsync). Each returns only after the transaction holding its rows committed; if
 that transaction fails, every enqueue in it raises and none of its rows is kept.
+An enqueue whose own rows cannot be stored raises alone: the others in its
+transaction commit.
 
 Every thread uses its own connection; the ``gpuload relay queue`` command opens
 the same file while the relay runs, and SQLite serialises the writers.
@@ -19,6 +29,7 @@ the same file while the relay runs, and SQLite serialises the writers.
 from __future__ import annotations
 
 import copy
+import json
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -28,7 +39,7 @@ from typing import Any
 
 QUEUED, DELIVERED, DEAD = "queued", "delivered", "dead"
 
-_SCHEMA = """
+_TABLE = """
 CREATE TABLE IF NOT EXISTS notifications (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     target TEXT NOT NULL,
@@ -42,21 +53,47 @@ CREATE TABLE IF NOT EXISTS notifications (
     attempts INTEGER NOT NULL DEFAULT 0,
     last_error TEXT NOT NULL DEFAULT '',
     finished_at REAL,
+    incident TEXT NOT NULL DEFAULT '',
     UNIQUE (target, dedup_key)
-);
+)
+"""
+
+_INDEXES = """
 CREATE INDEX IF NOT EXISTS notifications_due ON notifications (target, state, next_attempt_at);
+CREATE INDEX IF NOT EXISTS notifications_incident
+    ON notifications (target, incident, state, queued_at, id);
 CREATE VIEW IF NOT EXISTS dead_letters AS SELECT * FROM notifications WHERE state = 'dead';
+"""
+
+# Queues of the first release have no incident column: rows still to deliver (or to retry from
+# the dead letters) take their group key from their body; one without is an incident of its own.
+_MIGRATE = (
+    "ALTER TABLE notifications ADD COLUMN incident TEXT NOT NULL DEFAULT ''",
+    "UPDATE notifications SET incident = CASE "
+    "WHEN json_valid(body) AND json_type(body, '$.groupKey') = 'text' "
+    "THEN json_extract(body, '$.groupKey') ELSE dedup_key END",
+)
+
+# An older queued row of the same target and incident: the row waits behind it.
+_BEHIND = """
+EXISTS (
+    SELECT 1 FROM notifications AS earlier
+    WHERE earlier.target = n.target AND earlier.incident = n.incident
+    AND earlier.state = 'queued' AND (earlier.queued_at, earlier.id) < (n.queued_at, n.id)
+)
 """
 
 # A re-send is a duplicate while the row is queued, or finished within the dedup window.
 _ENQUEUE = """
 INSERT INTO notifications
-    (target, dedup_key, body, state, received_at, queued_at, expires_at, next_attempt_at)
-VALUES (?, ?, ?, 'queued', ?, ?, ?, ?)
+    (target, dedup_key, incident, body, state, received_at, queued_at, expires_at,
+     next_attempt_at)
+VALUES (?, ?, ?, ?, 'queued', ?, ?, ?, ?)
 ON CONFLICT (target, dedup_key) DO UPDATE SET
-    body = excluded.body, state = 'queued', received_at = excluded.received_at,
-    queued_at = excluded.queued_at, expires_at = excluded.expires_at,
-    next_attempt_at = excluded.next_attempt_at, attempts = 0, last_error = '', finished_at = NULL
+    body = excluded.body, incident = excluded.incident, state = 'queued',
+    received_at = excluded.received_at, queued_at = excluded.queued_at,
+    expires_at = excluded.expires_at, next_attempt_at = excluded.next_attempt_at, attempts = 0,
+    last_error = '', finished_at = NULL
 WHERE notifications.state != 'queued' AND notifications.finished_at < ?
 """
 
@@ -91,24 +128,37 @@ _COLUMNS = (
     "attempts, last_error"
 )
 
+# (target, dedup_key, body), or (target, dedup_key, body, incident) from a caller that knows it.
+Row = tuple[str, str, str] | tuple[str, str, str, str]
+
+
+def group_key(body: str) -> str | None:
+    """The Alertmanager group key of a notification's JSON body, None if it has none."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    key = document.get("groupKey") if isinstance(document, dict) else None
+    return key if isinstance(key, str) else None
+
 
 @dataclass(frozen=True)
 class _Enqueue:
-    """One caller's rows, waiting for a group commit."""
+    """One caller's rows, (target, dedup_key, incident, body), waiting for a group commit."""
 
-    rows: Sequence[tuple[str, str, str]]
+    rows: Sequence[tuple[str, str, str, str]]
     now: float
     max_age: float
 
 
 @dataclass
 class _Batch:
-    """The enqueues that one transaction commits, and how it went."""
+    """The enqueues that one transaction commits, and how it went: each one's result or error."""
 
     turn: threading.Condition
     enqueues: list[_Enqueue] = field(default_factory=list)
     done: bool = False
-    results: list[list[tuple[str, bool]]] | None = None
+    results: list[list[tuple[str, bool]] | sqlite3.Error] | None = None
     error: sqlite3.Error | None = None
 
 
@@ -134,8 +184,14 @@ class Queue:
         self._committing = False
         # Write transactions this object committed: shows how many enqueues share a commit.
         self.commits = 0
+        with self._transaction() as db:
+            db.execute(_TABLE)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(notifications)")}
+            if "incident" not in columns:
+                for statement in _MIGRATE:
+                    db.execute(statement)
         with self._borrowed() as db:
-            db.executescript(_SCHEMA)
+            db.executescript(_INDEXES)
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
@@ -196,18 +252,23 @@ class Queue:
         """Raise sqlite3.Error if the file cannot be read."""
         self._query("SELECT 1 FROM notifications LIMIT 1")
 
-    def enqueue(
-        self, rows: Sequence[tuple[str, str, str]], now: float, max_age: float
-    ) -> list[tuple[str, bool]]:
-        """Commit (target, dedup_key, body) rows, with other threads' rows, in one transaction.
+    def enqueue(self, rows: Sequence[Row], now: float, max_age: float) -> list[tuple[str, bool]]:
+        """Commit rows, with other threads' rows, in one transaction.
 
-        Returns (target, queued) pairs once committed: False where the row was a duplicate.
-        Raises sqlite3.Error if the transaction failed; then none of the rows is kept.
+        A row is (target, dedup_key, body), its incident the body's group key, or
+        (target, dedup_key, body, incident). Returns (target, queued) pairs once committed:
+        False where the row was a duplicate. Raises sqlite3.Error if the transaction failed or
+        these rows could not be stored (sqlite3.DataError for a body that is not valid
+        Unicode); then none of them is kept.
         """
+        complete = [
+            (row[0], row[1], row[3] if len(row) == 4 else group_key(row[2]) or row[1], row[2])
+            for row in rows
+        ]
         with self._turn:
             batch = self._batch
             index = len(batch.enqueues)
-            batch.enqueues.append(_Enqueue(rows, now, max_age))
+            batch.enqueues.append(_Enqueue(complete, now, max_age))
             while self._committing and not batch.done:
                 batch.turn.wait()
             leading = not batch.done
@@ -220,13 +281,16 @@ class Queue:
         if batch.error is not None:
             raise copy.copy(batch.error) from batch.error
         assert batch.results is not None
-        return batch.results[index]
+        result = batch.results[index]
+        if isinstance(result, sqlite3.Error):
+            raise copy.copy(result) from result
+        return result
 
     def _commit(self, batch: _Batch) -> None:
         """Commit a batch, then tell its waiters how it went."""
         try:
             with self._transaction() as db:
-                results = [self._insert(db, enqueue) for enqueue in batch.enqueues]
+                results = [self._insert_alone(db, enqueue) for enqueue in batch.enqueues]
             batch.results = results
         except sqlite3.Error as error:
             batch.error = error
@@ -239,21 +303,44 @@ class Queue:
                 batch.turn.notify_all()
                 self._batch.turn.notify()
 
+    def _insert_alone(
+        self, db: sqlite3.Connection, enqueue: _Enqueue
+    ) -> list[tuple[str, bool]] | sqlite3.Error:
+        """Insert one enqueue's rows, or none of them and its error: the others' go on."""
+        db.execute("SAVEPOINT enqueue")
+        try:
+            results = self._insert(db, enqueue)
+        except (sqlite3.Error, ValueError) as error:
+            if not db.in_transaction:
+                raise  # SQLite ended the transaction (a full disk, an I/O error): nothing is kept
+            db.execute("ROLLBACK TO enqueue")
+            db.execute("RELEASE enqueue")
+            if isinstance(error, sqlite3.Error):
+                return error
+            # A string SQLite cannot take, such as a lone surrogate, which UTF-8 cannot encode.
+            return sqlite3.DataError(f"cannot store the notification: {error}")
+        db.execute("RELEASE enqueue")
+        return results
+
     def _insert(self, db: sqlite3.Connection, enqueue: _Enqueue) -> list[tuple[str, bool]]:
         now, expires_at = enqueue.now, enqueue.now + enqueue.max_age
         results = []
-        for target, key, body in enqueue.rows:
+        for target, key, incident, body in enqueue.rows:
             cursor = db.execute(
-                _ENQUEUE, (target, key, body, now, now, expires_at, now, now - self.dedup_window)
+                _ENQUEUE,
+                (target, key, incident, body, now, now, expires_at, now, now - self.dedup_window),
             )
             results.append((target, cursor.rowcount > 0))
         return results
 
     def due(self, target: str, now: float, limit: int) -> list[Entry]:
-        """The oldest queued rows of a target whose next attempt is due."""
+        """The oldest queued rows of a target whose next attempt is due, one per incident.
+
+        A row waits while an older row of its incident is queued, due or not.
+        """
         rows = self._query(
-            f"SELECT {_COLUMNS} FROM notifications WHERE target = ? AND state = 'queued' "
-            "AND next_attempt_at <= ? ORDER BY id LIMIT ?",
+            f"SELECT {_COLUMNS} FROM notifications AS n WHERE target = ? AND state = 'queued' "
+            f"AND next_attempt_at <= ? AND NOT {_BEHIND} ORDER BY queued_at, id LIMIT ?",
             (target, now, limit),
         )
         return [Entry(*row) for row in rows]
@@ -261,7 +348,8 @@ class Queue:
     def next_attempt(self, target: str) -> float | None:
         """When the target's next queued row is due, or None with nothing queued."""
         rows = self._query(
-            "SELECT MIN(next_attempt_at) FROM notifications WHERE target = ? AND state = 'queued'",
+            "SELECT MIN(next_attempt_at) FROM notifications AS n "
+            f"WHERE target = ? AND state = 'queued' AND NOT {_BEHIND}",
             (target,),
         )
         earliest = rows[0][0] if rows else None

@@ -1,9 +1,12 @@
 """The relay's HTTP endpoint: POST notifications, /metrics, /healthz, /readyz.
 
 A notification is answered 200 only after it is committed to the queue, 400
-when it is not an Alertmanager payload (with a one-line reason), 401 without
-the configured credentials, 411/413 without a length or over the limit, and
-503 when the queue cannot commit it, so that Alertmanager sends it again.
+when it is not an Alertmanager payload or cannot be stored (with a one-line
+reason), 401 without the configured credentials, 411/413 without a length or
+over the limit, and 503 when the queue cannot commit it, so that Alertmanager
+sends it again. Alertmanager does not retry a 4xx: a notification over the
+limit is lost, so the answer and the log say how to keep under it (its
+``max_alerts``).
 """
 
 from __future__ import annotations
@@ -151,10 +154,17 @@ class RelayApplication:
             return _text(start_response, "411 Length Required", "a Content-Length is required")
         if length > self._max_body:
             self._metrics.rejected.labels("too_large").inc()
+            self._problems.report(
+                "too_large",
+                "refused a notification over web.max_body_bytes (%d bytes), which Alertmanager "
+                "drops: set max_alerts in the receiver's webhook_configs (or raise the limit)",
+                self._max_body,
+            )
             return _text(
                 start_response,
                 "413 Content Too Large",
-                f"body of {length} bytes is over the limit of {self._max_body}",
+                f"body of {length} bytes is over the limit of {self._max_body}; set max_alerts "
+                "in this receiver's webhook_configs to send fewer alerts per notification",
             )
         body = environ["wsgi.input"].read(length) if length else b""
         if len(body) < length:
@@ -173,11 +183,15 @@ class RelayApplication:
         rows = []
         for target, indexes in self.routes(notification).items():
             subset = notification.subset(indexes)
-            rows.append((target, subset.dedup_key(), subset.to_json()))
+            rows.append((target, subset.dedup_key(), subset.to_json(), notification.group_key))
         with self._idle:
             self._in_flight += 1
         try:
             results = self._queue.enqueue(rows, self._clock(), self._max_age) if rows else []
+        except sqlite3.DataError as error:
+            # This notification alone cannot be stored: sending it again would not help.
+            self._metrics.rejected.labels("malformed").inc()
+            return _text(start_response, "400 Bad Request", str(error).splitlines()[0])
         except sqlite3.Error as error:
             self._metrics.rejected.labels("storage").inc()
             self._problems.report(
@@ -192,6 +206,7 @@ class RelayApplication:
                 self._in_flight -= 1
                 self._idle.notify_all()
         self._problems.resolve("storage", "committing notifications to %s again", self._queue.path)
+        self._problems.resolve("too_large", "accepting notifications within the size limit again")
         self._metrics.received.inc()
         if not rows:
             self._problems.report(

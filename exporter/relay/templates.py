@@ -8,13 +8,15 @@ but not reach Python internals, files or the network.
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 import zoneinfo
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode, urlsplit
 
 import jinja2
 from jinja2.sandbox import SandboxedEnvironment
@@ -165,33 +167,174 @@ def digest_title(notifications: Sequence[Notification]) -> str:
     )
 
 
+# How services count a message's size: characters (code points), UTF-16 code units (Slack,
+# Discord and Teams run on JavaScript: an emoji counts twice), bytes of UTF-8 (WeCom), or bytes
+# of UTF-8 once written as a JSON string (robots whose limit is on the whole body).
+CHARS, UTF16, UTF8, JSON_UTF8 = "chars", "utf16", "utf8", "json_utf8"
+# Not allowed in a URL put into a link: whitespace, control characters and markup that would
+# end the link or start another (Slack's <url|text>, markdown's [text](url), HTML tags).
+_UNSAFE_URL = re.compile(r"[\s\x00-\x1f\x7f<>|\[\]()\"'`{}\\^]")
+# A zero-width space: breaks a tag or link opener apart without changing what the reader sees.
+ZWSP = "\u200b"
+
+
+def measure(text: str, unit: str) -> int:
+    """The size of `text` as a service counts it."""
+    if unit == CHARS:
+        return len(text)
+    if unit == UTF16:
+        return len(text) if text.isascii() else len(text.encode("utf-16-le", "surrogatepass")) // 2
+    if unit == UTF8:
+        return len(text) if text.isascii() else len(text.encode())
+    return len(json.dumps(text, ensure_ascii=False).encode()) - 2
+
+
+def _json_cost(char: str) -> int:
+    if char in '"\\\n\r\t\b\f':
+        return 2
+    if char < " ":
+        return 6
+    return len(char.encode())
+
+
+def prefix_within(text: str, room: int, unit: str) -> int:
+    """The length of the longest prefix of `text` of size at most `room` (whole characters)."""
+    if room <= 0:
+        return 0
+    if unit == CHARS or (text.isascii() and unit != JSON_UTF8):
+        return min(room, len(text))
+    if unit == UTF16:
+        # A pair cut in half does not decode and is dropped: never half an emoji.
+        head = text.encode("utf-16-le", "surrogatepass")[: room * 2]
+        return len(head.decode("utf-16-le", errors="ignore"))
+    if unit == UTF8:
+        return len(text.encode()[:room].decode(errors="ignore"))
+    used = 0
+    for index, char in enumerate(text):
+        used += _json_cost(char)
+        if used > room:
+            return index
+    return len(text)
+
+
+def safe_url(url: str) -> str:
+    """`url` when it is an http(s) URL safe to put in a link; otherwise the empty string.
+
+    A URL with spaces or markup characters would end the link early and let the rest be read as
+    markup (a Slack ``<!channel>``), and services that check link fields (Discord's embed URL)
+    refuse the whole message for it: such a URL is left out.
+    """
+    if not url or len(url) > 2048 or _UNSAFE_URL.search(url):
+        return ""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return ""
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        return ""
+    return url
+
+
+def alertmanager_url(notification: Notification) -> str:
+    """Alertmanager's page of the receiver's alerts, where every alert of the group is shown."""
+    if not notification.external_url:
+        return ""
+    base = notification.external_url.rstrip("/")
+    return safe_url(f"{base}/#/alerts?receiver={quote(notification.receiver, safe='')}")
+
+
 @dataclass(frozen=True)
 class Flavor:
-    """How a target's markup writes bold text and links."""
+    """A target's markup: how it writes bold text and links, escapes alert text, counts size.
+
+    ``escapes`` maps each reserved character to what stands for it. Slack documents HTML
+    entities for &, < and >; Discord documents backslash escapes. Where a service documents
+    no escape (Teams' Adaptive Card text, DingTalk, WeCom and Feishu's lark_md), a zero-width
+    space after ``<`` and ``]`` breaks tags (``<at id=all>``, ``<@userid>``, ``<font>``) and
+    links (``[text](url)``, images) apart without changing what the reader sees.
+    """
 
     bold_open: str
     bold_close: str
+    escapes: Mapping[str, str]
     slack_links: bool = False
+    unit: str = CHARS
 
     def escape(self, text: str) -> str:
-        """Text from the alert, safe in this markup (Slack reserves &, < and >)."""
-        if not self.slack_links:
-            return text
-        return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+        """Text from the alert, shown as written in this markup."""
+        return text.translate(_table(tuple(self.escapes.items())))
 
     def bold(self, text: str) -> str:
         """Text in bold."""
         return f"{self.bold_open}{text}{self.bold_close}" if text else ""
 
     def link(self, text: str, url: str) -> str:
-        """A link, or nothing without a URL."""
+        """A link, or nothing without a valid URL."""
+        url = safe_url(url)
         if not url:
             return ""
         return f"<{url}|{text}>" if self.slack_links else f"[{text}]({url})"
 
+    def size(self, text: str) -> int:
+        """The size of `text` as this target's service counts it."""
+        return measure(text, self.unit)
 
-SLACK = Flavor("*", "*", slack_links=True)
-MARKDOWN = Flavor("**", "**")
+    def more(self, count: int, url: str) -> str:
+        """The note for alerts left out, with a link to where they all are."""
+        link = self.link("see all in Alertmanager", url)
+        return f"… and {count} more not shown" + (f" · {link}" if link else "")
+
+    def cut(self, text: str, limit: int) -> str:
+        r"""`text` within `limit`, ending with a note when cut.
+
+        The cut falls between whole characters, never inside an escape (``&amp;``, ``\*``)
+        and never inside one of our links, so what remains renders as it would have.
+        """
+        if self.size(text) <= limit:
+            return text
+        room = limit - self.size(TRUNCATED)
+        if room <= 0:
+            return text[: prefix_within(text, limit, self.unit)]
+        end = self._boundary(text, prefix_within(text, room, self.unit))
+        return text[:end] + TRUNCATED
+
+    def _boundary(self, text: str, end: int) -> int:
+        if "&" in self.escapes:
+            entity = text.rfind("&", max(end - 8, 0), end)
+            if entity >= 0 and ";" not in text[entity:end]:
+                end = entity
+        backslashes = len(text[:end]) - len(text[:end].rstrip("\\"))
+        if "\\" in self.escapes and backslashes % 2:
+            end -= 1
+        opener, closer = ("<", ">") if self.slack_links else ("[", ")")
+        start = text.rfind(opener, 0, end)
+        if start >= 0 and self._ours(text, start) and closer not in text[start:end]:
+            end = start
+        return end
+
+    def _ours(self, text: str, index: int) -> bool:
+        """Whether the link opener at `index` is our markup rather than escaped alert text."""
+        if self.slack_links:
+            return True  # alert text never holds a raw <
+        if text[index + 1 : index + 2] == ZWSP:
+            return False
+        preceding = len(text[:index]) - len(text[:index].rstrip("\\"))
+        return preceding % 2 == 0
+
+
+@functools.lru_cache(maxsize=16)
+def _table(escapes: tuple[tuple[str, str], ...]) -> dict[int, str]:
+    return {ord(char): replacement for char, replacement in escapes}
+
+
+# https://api.slack.com/reference/surfaces/formatting#escaping: &, < and > as HTML entities;
+# links are <url|text>, so a | or > in a URL would end it early (see safe_url).
+SLACK = Flavor("*", "*", {"&": "&amp;", "<": "&lt;", ">": "&gt;"}, slack_links=True, unit=UTF16)
+# Discord's markdown takes a backslash before any markup character.
+DISCORD = Flavor("**", "**", {c: "\\" + c for c in "\\*_~`|[]<>#"}, unit=UTF16)
+NEUTRAL = {"<": "<" + ZWSP, "]": "]" + ZWSP}
+TEAMS = Flavor("**", "**", NEUTRAL, unit=UTF16)
+ROBOT = Flavor("**", "**", NEUTRAL, unit=JSON_UTF8)
 
 
 def alert_text(alert: AlertView, flavor: Flavor) -> str:
@@ -209,9 +352,10 @@ def alert_text(alert: AlertView, flavor: Flavor) -> str:
     if alert.ends_at:
         since = f"{since}, resolved {alert.ends_at}" if since else f"resolved {alert.ends_at}"
     if since:
-        lines.append(since[0].upper() + since[1:])
+        lines.append(esc(since[0].upper() + since[1:]))
     if alert.description:
-        # Cut here so that the links after it survive the target's own limit.
+        # Cut here (before escaping, so no escape is split) so that the links after it survive
+        # the target's own limit.
         lines.append(esc(truncate(alert.description, DESCRIPTION_LIMIT)))
     links = [
         flavor.link("Runbook", alert.runbook_url),
@@ -223,13 +367,19 @@ def alert_text(alert: AlertView, flavor: Flavor) -> str:
     return "\n".join(lines)
 
 
+def alert_parts(notification: Notification, settings: MessageSettings, flavor: Flavor) -> list[str]:
+    """One text per alert of the notification, in the target's markup."""
+    return [alert_text(view(alert, settings), flavor) for alert in notification.alerts]
+
+
 def notification_text(
     notification: Notification, settings: MessageSettings, flavor: Flavor, limit: int
 ) -> str:
-    """Every alert of a notification, within `limit` characters, saying how many were left out."""
-    views = [view(alert, settings) for alert in notification.alerts]
-    parts = [alert_text(v, flavor) for v in views]
-    return join_within(parts, "\n\n", limit, notification.truncated_alerts)
+    """Every alert of a notification, within `limit`, saying how many were left out."""
+    parts = alert_parts(notification, settings, flavor)
+    return join_within(
+        parts, "\n\n", limit, notification.truncated_alerts, flavor, alertmanager_url(notification)
+    )
 
 
 def digest_line(notification: Notification, settings: MessageSettings, flavor: Flavor) -> str:
@@ -244,39 +394,65 @@ def digest_line(notification: Notification, settings: MessageSettings, flavor: F
     return "\n".join(lines)
 
 
+def digest_parts(
+    notifications: Sequence[Notification], settings: MessageSettings, flavor: Flavor
+) -> list[str]:
+    """One part per notification of a digest, each cut to a share of the digest's room."""
+    return [digest_line(n, settings, flavor) for n in notifications]
+
+
 def digest_text(
     notifications: Sequence[Notification], settings: MessageSettings, flavor: Flavor, limit: int
 ) -> str:
-    """A digest body within `limit` characters."""
-    parts = [digest_line(n, settings, flavor) for n in notifications]
-    return join_within(parts, "\n\n", limit, 0)
+    """A digest body within `limit`."""
+    parts = digest_parts(notifications, settings, flavor)
+    url = alertmanager_url(notifications[0]) if notifications else ""
+    return join_within(parts, "\n\n", limit, 0, flavor, url)
 
 
-def join_within(parts: Sequence[str], separator: str, limit: int, dropped: int) -> str:
-    """Join as many parts as fit in `limit`, then say how many were left out.
+def fit(sizes: Sequence[int], budget: int, note: int, gap: int = 0, *, dropped: int = 0) -> int:
+    """How many leading parts fit in `budget` with `gap` between them.
 
-    A first part that alone is too long is cut with a note instead of dropped.
+    When some are left out (or `dropped` already were), room for the note of size `note` (and
+    its gap) is kept. One pass over the sizes: linear in the number of parts.
     """
-    shown: list[str] = []
+    total = len(sizes)
     used = 0
-    reserve = 60
-    for index, part in enumerate(parts):
-        remaining = len(parts) - index - 1 + dropped
-        room = limit - used - (len(separator) if shown else 0) - (reserve if remaining else 0)
-        if len(part) > room:
-            if not shown:
-                shown.append(truncate(part, max(room, limit - reserve)))
-                dropped += len(parts) - index - 1
-            else:
-                dropped += len(parts) - index
+    count = 0
+    for index, size in enumerate(sizes):
+        used += size + (gap if index else 0)
+        rest = total - index - 1 + dropped
+        if used + (note + gap if rest else 0) > budget:
             break
-        shown.append(part)
-        used += len(part) + (len(separator) if len(shown) > 1 else 0)
-    text = separator.join(shown)
-    if dropped:
-        note = f"… and {dropped} more alert{'s' if dropped != 1 else ''} not shown"
-        text = truncate(text, limit - len(note) - len(separator)) + separator + note
-    return truncate(text, limit)
+        count = index + 1
+    return count
+
+
+def join_within(
+    parts: Sequence[str],
+    separator: str,
+    limit: int,
+    dropped: int,
+    flavor: Flavor,
+    more_url: str = "",
+) -> str:
+    """Join as many parts as fit in `limit` (as `flavor` counts), then say how many were left out.
+
+    A first part that alone is too long is cut with a note instead of dropped. Each part is
+    measured once: the cost is linear in the parts.
+    """
+    gap = flavor.size(separator)
+    note = flavor.size(flavor.more(len(parts) + dropped, more_url))
+    count = fit([flavor.size(part) for part in parts], limit, note, gap, dropped=dropped)
+    shown = list(parts[:count])
+    if not shown and parts:
+        left = len(parts) - 1 + dropped
+        shown = [flavor.cut(parts[0], limit - (note + gap if left else 0))]
+        count = 1
+    missing = len(parts) - count + dropped
+    if missing:
+        shown.append(flavor.more(missing, more_url))
+    return separator.join(shown)
 
 
 def truncate(text: str, limit: int) -> str:
@@ -286,15 +462,6 @@ def truncate(text: str, limit: int) -> str:
     if limit <= len(TRUNCATED):
         return text[: max(limit, 0)]
     return text[: limit - len(TRUNCATED)] + TRUNCATED
-
-
-def truncate_bytes(text: str, limit: int) -> str:
-    """`text` cut to at most `limit` bytes of UTF-8, never inside a character."""
-    if len(text.encode()) <= limit:
-        return text
-    note = TRUNCATED.encode()
-    cut = text.encode()[: max(limit - len(note), 0)].decode("utf-8", errors="ignore")
-    return cut + TRUNCATED
 
 
 def template_context(notification: Notification, settings: MessageSettings) -> dict[str, Any]:

@@ -32,12 +32,25 @@ class OutboundRequest:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a target's answer means: delivered, retry later, or rejected for good."""
+    """What a target's answer means: delivered, retry later, or rejected for good.
+
+    ``confirmed`` is false when the service only accepted the message for later processing
+    (Teams Workflows answer 202 and run the flow afterwards): it counts as delivered, since
+    nothing more can be learnt, but the message may still fail where no one sees it.
+    """
 
     delivered: bool
     retry: bool
     reason: str
     retry_after: float | None = None
+    confirmed: bool = True
+
+    @property
+    def verdict(self) -> str:
+        """``delivered``, ``accepted (unconfirmed)``, ``retry`` or ``final``, for people."""
+        if self.delivered:
+            return "delivered" if self.confirmed else "accepted (unconfirmed)"
+        return "retry" if self.retry else "final"
 
 
 DELIVERED = Outcome(True, False, "")
@@ -88,25 +101,36 @@ def json_errcode_outcome(
     *,
     code_fields: Sequence[str],
     retry_codes: Mapping[int, float],
+    retry_after_header: str | None = None,
 ) -> Outcome:
-    """The verdict for chat robots that answer HTTP 200 with an error code in the JSON."""
+    """The verdict for chat robots that answer with an error code in the JSON.
+
+    A code in `retry_codes` (a rate limit, "system busy") is retried after its pause, or after
+    `retry_after_header` seconds when the answer has that header, whatever the HTTP status;
+    another non-zero code is final; without one the HTTP status decides.
+    """
+    code, message = _error_code(body, code_fields)
+    if code is not None and code in retry_codes:
+        pause = parse_retry_after(headers.get(retry_after_header)) if retry_after_header else None
+        reason = f"HTTP {status}, error code {code}: {message}"[:300]
+        return Outcome(False, True, reason, retry_codes[code] if pause is None else pause)
     verdict = outcome_by_status(status, headers, body)
-    if not verdict.delivered:
+    if not verdict.delivered or code in (None, 0):
         return verdict
+    return Outcome(False, False, f"error code {code}: {message}"[:300])
+
+
+def _error_code(body: bytes, code_fields: Sequence[str]) -> tuple[int | None, str]:
     try:
         document = json.loads(body)
     except ValueError:
-        return DELIVERED
+        return None, ""
     if not isinstance(document, dict):
-        return DELIVERED
-    code = next((document[f] for f in code_fields if f in document), 0)
-    if not isinstance(code, int) or code == 0:
-        return DELIVERED
-    message = document.get("errmsg") or document.get("msg") or ""
-    reason = f"error code {code}: {message}"[:300]
-    if code in retry_codes:
-        return Outcome(False, True, reason, retry_codes[code])
-    return Outcome(False, False, reason)
+        return None, ""
+    code = next((document[f] for f in code_fields if f in document), None)
+    if not isinstance(code, int) or isinstance(code, bool):
+        return None, ""
+    return code, str(document.get("errmsg") or document.get("msg") or "")
 
 
 class Target:

@@ -3,8 +3,11 @@
 Signing: ``timestamp`` (milliseconds) and ``sign`` as query parameters, where
 sign = URL-encoded base64(HMAC-SHA256(key=secret, message=timestamp, a newline,
 secret)). Limits: 20 messages a minute per robot (over it: error 130101 and a
-10-minute block), 20000 bytes per body. Errors come as HTTP 200 with a non-zero
-``errcode``.
+10-minute block), 20000 bytes per body, counted here as the bytes of the JSON
+body. Errors come as HTTP 200 with a non-zero ``errcode``: 130101 and -1
+(system busy) are retried, others (310000 bad signature, 300001 bad token) are
+final. Alert text is neutralised so that links, images and HTML in annotations
+stay text; only ``at_mobiles`` and ``at_all`` mention anyone.
 """
 
 from __future__ import annotations
@@ -25,16 +28,19 @@ from exporter.relay.targets.base import (
     register,
 )
 from exporter.relay.templates import (
-    MARKDOWN,
-    digest_text,
+    ROBOT,
+    alert_parts,
+    alertmanager_url,
+    digest_parts,
     digest_title,
-    notification_text,
+    join_within,
     title,
-    truncate_bytes,
 )
 
+# 20 messages a minute, then a 10-minute block (130101):
+# https://open.dingtalk.com/document/orgapp/custom-robot-access ; 20000 bytes per body.
 TEXT_BYTES = 18_000
-RATE_LIMITED = {130101: 600.0}
+RATE_LIMITED = {130101: 600.0, -1: 30.0}
 
 
 def sign(secret: str, timestamp_ms: int) -> str:
@@ -54,22 +60,25 @@ class DingTalk(Target):
 
     def request(self, notifications: Sequence[Notification], now: float) -> OutboundRequest:
         """A markdown message, signed in the URL when the robot has a secret."""
+        more_url = alertmanager_url(notifications[0])
         if len(notifications) > 1:
             headline = digest_title(notifications)
-            text = digest_text(notifications, self.settings, MARKDOWN, TEXT_BYTES // 3)
+            parts, dropped = digest_parts(notifications, self.settings, ROBOT), 0
         else:
             headline = title(notifications[0])
             custom = self.user_text(notifications[0])
-            text = (
-                custom
-                if custom is not None
-                else notification_text(notifications[0], self.settings, MARKDOWN, TEXT_BYTES // 3)
-            )
+            if custom is not None:
+                parts, dropped = [custom], 0
+            else:
+                parts = alert_parts(notifications[0], self.settings, ROBOT)
+                dropped = notifications[0].truncated_alerts
         mentions = " ".join(f"@{mobile}" for mobile in self.config.at_mobiles)
-        body = f"### {headline}\n\n{text}".replace("\n", "\n\n")
-        body = truncate_bytes(body, TEXT_BYTES - len(mentions.encode()) - 2)
-        if mentions:
-            body = f"{body}\n\n{mentions}"
+        head = f"### {ROBOT.escape(headline)}\n\n"
+        tail = f"\n\n{mentions}" if mentions else ""
+        room = TEXT_BYTES - ROBOT.size(head) - ROBOT.size(tail)
+        # DingTalk's markdown needs a blank line for a line break.
+        parts = [part.replace("\n", "\n\n") for part in parts]
+        body = head + join_within(parts, "\n\n", room, dropped, ROBOT, more_url) + tail
         document = {
             "msgtype": "markdown",
             "markdown": {"title": headline[:100], "text": body},
@@ -83,7 +92,7 @@ class DingTalk(Target):
         return OutboundRequest(url, json_body(document), {"Content-Type": "application/json"})
 
     def outcome(self, status: int, headers: Mapping[str, str], body: bytes) -> Outcome:
-        """HTTP 200 with errcode 0 is delivered; 130101 (too many messages) is retried."""
+        """Errcode 0 is delivered; 130101 (too many messages) and -1 (busy) are retried."""
         return json_errcode_outcome(
             status, headers, body, code_fields=("errcode",), retry_codes=RATE_LIMITED
         )

@@ -1,8 +1,12 @@
 """Discord webhooks: a short ``content`` line and one embed per alert, within Discord's limits.
 
 Limits: content 2000 characters, 10 embeds, embed title 256 and description
-4096, 6000 characters over all embeds. Over them Discord answers 400 (code
-50035), so the message is cut to fit first. 429 carries ``retry_after``.
+4096, 6000 characters over all embeds, counted here in UTF-16 code units (an
+emoji is two). Over them Discord answers 400 (code 50035), as it does for an
+embed ``url`` that is not a valid URL: the message is cut to fit first, and the
+runbook URL goes in ``url`` only when it is a plain http(s) URL. Alert text is
+escaped with backslashes; ``allowed_mentions`` keeps ``@everyone`` silent. 429
+carries ``retry_after``; other 4xx (404 unknown webhook) are final.
 """
 
 from __future__ import annotations
@@ -22,16 +26,19 @@ from exporter.relay.targets.base import (
     register,
 )
 from exporter.relay.templates import (
-    MARKDOWN,
+    DISCORD,
     AlertView,
     alert_text,
+    alertmanager_url,
     digest_text,
     digest_title,
+    safe_url,
     title,
-    truncate,
     view,
 )
 
+# https://discord.com/developers/docs/resources/message#embed-object-embed-limits and
+# https://discord.com/developers/docs/resources/webhook#execute-webhook (content 2000, 10 embeds)
 CONTENT_LIMIT = 2000
 EMBED_LIMIT = 10
 TITLE_LIMIT = 256
@@ -42,24 +49,28 @@ RED, GREEN = 0xE01E5A, 0x2EB67D
 
 def embed_characters(embeds: Sequence[Mapping[str, Any]]) -> int:
     """Characters Discord counts against its 6000 limit (titles, descriptions, fields, footers)."""
+    size = DISCORD.size
     total = 0
     for embed in embeds:
-        total += len(embed.get("title", "")) + len(embed.get("description", ""))
-        total += len(embed.get("footer", {}).get("text", ""))
-        total += sum(len(f["name"]) + len(f["value"]) for f in embed.get("fields", []))
+        total += size(embed.get("title", "")) + size(embed.get("description", ""))
+        total += size(embed.get("footer", {}).get("text", ""))
+        total += sum(size(f["name"]) + size(f["value"]) for f in embed.get("fields", []))
     return total
 
 
 def _embed(alert: AlertView, budget: int) -> dict[str, Any]:
-    text = alert_text(alert, MARKDOWN)
+    text = alert_text(alert, DISCORD)
     headline, _, rest = text.partition("\n")
+    embed_title = DISCORD.cut(headline.removeprefix("**").removesuffix("**"), TITLE_LIMIT)
+    room = min(DESCRIPTION_LIMIT, budget - DISCORD.size(embed_title))
     embed: dict[str, Any] = {
-        "title": truncate(headline.strip("*"), TITLE_LIMIT),
-        "description": truncate(rest, max(min(DESCRIPTION_LIMIT, budget - TITLE_LIMIT), 20)),
+        "title": embed_title,
+        "description": DISCORD.cut(rest, max(room, 20)),
         "color": RED if alert.status == "firing" else GREEN,
     }
-    if alert.runbook_url:
-        embed["url"] = alert.runbook_url
+    url = safe_url(alert.runbook_url)
+    if url:
+        embed["url"] = url
     return embed
 
 
@@ -72,33 +83,36 @@ class Discord(Target):
 
     def request(self, notifications: Sequence[Notification], now: float) -> OutboundRequest:
         """A message with embeds for one notification, or a digest."""
+        more_url = alertmanager_url(notifications[0])
         if len(notifications) > 1:
-            content = digest_title(notifications)
-            text = digest_text(notifications, self.settings, MARKDOWN, DESCRIPTION_LIMIT)
+            content = DISCORD.escape(digest_title(notifications))
+            text = digest_text(notifications, self.settings, DISCORD, DESCRIPTION_LIMIT)
             embeds = [{"description": text, "color": RED}]
             return self._post(content, embeds)
         notification = notifications[0]
-        content = title(notification)
+        content = DISCORD.escape(title(notification))
         custom = self.user_text(notification)
         if custom is not None:
-            return self._post(content, [{"description": truncate(custom, DESCRIPTION_LIMIT)}])
-        views = [view(alert, self.settings) for alert in notification.alerts]
-        shown = views[:EMBED_LIMIT]
-        dropped = len(views) - len(shown) + notification.truncated_alerts
-        if dropped:
-            shown = shown[: EMBED_LIMIT - 1]
-            dropped = len(views) - len(shown) + notification.truncated_alerts
-        budget = (TOTAL_LIMIT - 200) // max(len(shown), 1)
-        embeds = [_embed(v, budget) for v in shown]
-        if dropped:
-            embeds.append({"description": f"… and {dropped} more not shown"})
+            return self._post(content, [{"description": DISCORD.cut(custom, DESCRIPTION_LIMIT)}])
+        alerts = notification.alerts
+        missing = notification.truncated_alerts + max(len(alerts) - EMBED_LIMIT, 0)
+        shown = alerts[: EMBED_LIMIT - 1] if missing else alerts
+        missing = notification.truncated_alerts + len(alerts) - len(shown)
+        note: dict[str, Any] | None = (
+            {"description": DISCORD.more(missing, more_url)} if missing else None
+        )
+        room = TOTAL_LIMIT - (embed_characters([note]) if note else 0)
+        budget = room // max(len(shown), 1)
+        embeds = [_embed(view(alert, self.settings), budget) for alert in shown]
+        if note:
+            embeds.append(note)
         return self._post(content, embeds)
 
     def _post(self, content: str, embeds: list[dict[str, Any]]) -> OutboundRequest:
         while embed_characters(embeds) > TOTAL_LIMIT and len(embeds) > 1:
             embeds.pop(-2 if "title" not in embeds[-1] else -1)
         document = {
-            "content": truncate(content, CONTENT_LIMIT),
+            "content": DISCORD.cut(content, CONTENT_LIMIT),
             "embeds": embeds,
             "allowed_mentions": {"parse": []},
         }

@@ -4,7 +4,12 @@ Signing: ``timestamp`` (seconds, a string) and ``sign`` in the JSON body, where
 sign = base64(HMAC-SHA256(key=timestamp, a newline, secret; message="")), not
 URL-encoded; this differs from DingTalk's, and confusing the two is the usual
 cause of error 19021. Limits: 5 messages a second and 100 a minute per bot
-(error 11232), 20 KB per body. Errors come as HTTP 200 with a non-zero ``code``.
+(error 11232), 20 KB per body, counted here as the bytes of the JSON body.
+Errors come as HTTP 200 with a non-zero ``code``: 9499 is "Bad Request" (a body
+the bot cannot take) and final, like the signature and keyword errors (19021,
+19022, 19024); 11232 and the platform's 99991400 are rate limits and retried.
+Alert text in ``lark_md`` is neutralised so that ``<at id=all></at>`` in an
+annotation mentions no one.
 """
 
 from __future__ import annotations
@@ -25,16 +30,22 @@ from exporter.relay.targets.base import (
     register,
 )
 from exporter.relay.templates import (
-    MARKDOWN,
+    ROBOT,
     digest_text,
     digest_title,
     notification_text,
     title,
-    truncate_bytes,
 )
 
+# "The request body must not exceed 20 KB", 100 messages a minute and 5 a second (11232):
+# https://open.feishu.cn/document/client-docs/bot-v3/add-custom-bot . The card's text gets
+# what the rest of the body leaves, counted as JSON bytes.
+BODY_BYTES = 20_000
 TEXT_BYTES = 18_000
-RATE_LIMITED = {11232: 60.0, 9499: 60.0}
+# 99991400 with x-ogw-ratelimit-reset (seconds): https://open.feishu.cn/document/server-docs/
+# api-call-guide/frequency-control . 9499 (Bad Request) is not among them: it is final.
+RATE_LIMITED = {11232: 60.0, 99991400: 60.0}
+RESET_HEADER = "x-ogw-ratelimit-reset"
 
 
 def sign(secret: str, timestamp: int) -> str:
@@ -55,7 +66,7 @@ class Feishu(Target):
         """An interactive card, red while firing and green once resolved."""
         if len(notifications) > 1:
             headline = digest_title(notifications)
-            text = digest_text(notifications, self.settings, MARKDOWN, TEXT_BYTES // 3)
+            text = digest_text(notifications, self.settings, ROBOT, TEXT_BYTES)
             color = "orange"
         else:
             notification = notifications[0]
@@ -64,7 +75,7 @@ class Feishu(Target):
             text = (
                 custom
                 if custom is not None
-                else notification_text(notification, self.settings, MARKDOWN, TEXT_BYTES // 3)
+                else notification_text(notification, self.settings, ROBOT, TEXT_BYTES)
             )
             color = "red" if notification.status == "firing" else "green"
         document: dict[str, Any] = {}
@@ -82,14 +93,19 @@ class Feishu(Target):
             "elements": [
                 {
                     "tag": "div",
-                    "text": {"tag": "lark_md", "content": truncate_bytes(text, TEXT_BYTES)},
+                    "text": {"tag": "lark_md", "content": ROBOT.cut(text, TEXT_BYTES)},
                 }
             ],
         }
         return OutboundRequest(self.url, json_body(document), {"Content-Type": "application/json"})
 
     def outcome(self, status: int, headers: Mapping[str, str], body: bytes) -> Outcome:
-        """HTTP 200 with code 0 is delivered; 11232 (too many messages) is retried."""
+        """Code 0 is delivered; the rate limits are retried; any other code is final."""
         return json_errcode_outcome(
-            status, headers, body, code_fields=("code", "StatusCode"), retry_codes=RATE_LIMITED
+            status,
+            headers,
+            body,
+            code_fields=("code", "StatusCode"),
+            retry_codes=RATE_LIMITED,
+            retry_after_header=RESET_HEADER,
         )

@@ -2,8 +2,12 @@
 
 Headers: ``X-Gpuload-Timestamp`` (unix seconds when sent), ``X-Gpuload-Dedup-Key``
 (the same for re-deliveries of one notification, so receivers can drop
-duplicates) and, with a secret, ``X-Gpuload-Signature: sha256=<hex>``, the
-HMAC-SHA256 of the body keyed with the secret (GitHub's scheme).
+duplicates) and, with a secret, ``X-Gpuload-Signature: t=<unix>,v1=<hex>``,
+the HMAC-SHA256 of ``<unix>.<body>`` keyed with the secret. Signing the time
+with the body (Slack's and Stripe's scheme) lets a receiver refuse a captured
+request replayed later: it checks the signature, then that ``t`` is recent.
+The body is Alertmanager's JSON as received, so it is no larger than what the
+relay accepted (``web.max_body_bytes``); no service limit applies.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ from exporter.relay.payload import Notification
 from exporter.relay.targets.base import OutboundRequest, Target, register
 
 
-def signature(secret: str, body: bytes) -> str:
-    """The value of X-Gpuload-Signature."""
-    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+def signature(secret: str, body: bytes, timestamp: int) -> str:
+    """The value of X-Gpuload-Signature: ``t=<unix>,v1=<hex HMAC-SHA256 of "t.body">``."""
+    signed = f"{timestamp}.".encode() + body
+    return f"t={timestamp},v1={hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()}"
 
 
 @register
@@ -34,11 +39,12 @@ class Webhook(Target):
         notification = notifications[0]
         custom = self.user_text(notification)
         body = (custom if custom is not None else notification.to_json()).encode()
+        stamp = int(now)
         headers = {
             "Content-Type": self.config.content_type,
-            "X-Gpuload-Timestamp": str(int(now)),
+            "X-Gpuload-Timestamp": str(stamp),
             "X-Gpuload-Dedup-Key": notification.dedup_key(),
         }
         if self.config.secret is not None:
-            headers["X-Gpuload-Signature"] = signature(self.config.secret.value, body)
+            headers["X-Gpuload-Signature"] = signature(self.config.secret.value, body, stamp)
         return OutboundRequest(self.url, body, headers)
