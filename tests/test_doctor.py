@@ -1,4 +1,9 @@
-"""`gpuload doctor`: each simulated scenario gets its verdict, locally and from Prometheus."""
+"""`gpuload doctor`: each simulated scenario gets its verdict, locally and from Prometheus.
+
+The node's verdict comes first and alike GPUs are one block; MIG GPUs say what cannot be measured
+and why, and are judged per instance where GPM allows; XIDs are part of the verdict; progress goes
+to stderr whether or not it is a terminal; an unreachable Prometheus is one plain line.
+"""
 
 from __future__ import annotations
 
@@ -21,8 +26,9 @@ import yaml
 from helpers import ROOT, wait_until
 
 from exporter.alerting import thresholds
-from exporter.doctor.command import Options, run
-from exporter.doctor.verdicts import Window, diagnose, figures
+from exporter.doctor.command import Options, Progress, run
+from exporter.doctor.node import index_ranges, merge
+from exporter.doctor.verdicts import BUSY_STEPS, IDLE_STEPS, Window, diagnose, figures
 
 # Short windows keep the suite fast: 3 s at 200 ms is 15 samples per GPU.
 SHORT = ["--duration", "3s", "--collect.interval", "200ms"]
@@ -49,24 +55,44 @@ SCENARIOS: dict[str, tuple[list[str], int, dict[int, str] | str]] = {
     "thermal-throttle": (["--sim.epoch", "-150"], 1, "throttled-thermal"),
     # GPU 3 falls off the bus 60 s after the epoch; the others keep training at ~90%.
     "fell-off-bus": (["--sim.epoch", "-62"], 1, {3: "hardware-fault", 0: "compute-bound"}),
+    # Each GPU computes 1 s and waits 3 s for its input: 8 s hold two of its steps.
+    "data-starved": (["--duration", "8s"], 1, "input-starved"),
 }
+# MIG scenarios with 2 GPUs: (exit code, state of each GPU); h100-mig's is checked on its own.
+MIG = {"a100-mig": (2, {0: "unknown", 1: "unknown"}), "h100-mig": (None, {1: "idle"})}
+HOST = socket.gethostname()
 
 
 @pytest.fixture(scope="module")
-def verdicts() -> dict[str, tuple[int, dict[str, Any], str]]:
-    """Every scenario's doctor run, all at once (each takes its 3 s window)."""
+def runs() -> dict[str, tuple[int, str, str]]:
+    """Every scenario's doctor run (JSON, and text where a test reads it), all at once."""
     running = {}
     for scenario, (extra, _code, _state) in SCENARIOS.items():
         # A negative epoch here is relative to now: the scenario started that long ago.
         args = [
             str(time.time() + float(a)) if a[:1] == "-" and a[1:2].isdigit() else a for a in extra
         ]
-        running[scenario] = doctor("--simulate", scenario, *args, *SHORT, "--json")
+        running[scenario] = doctor("--simulate", scenario, *SHORT, *args, "--json")
+    for scenario in MIG:
+        running[scenario] = doctor("--simulate", scenario, *SHORT, "--json")
+    for scenario in ("data-starved", "a100-mig"):
+        extra = SCENARIOS[scenario][0] if scenario in SCENARIOS else []
+        running[f"{scenario} text"] = doctor("--simulate", scenario, *SHORT, *extra)
     results = {}
-    for scenario, process in running.items():
-        out, err = process.communicate(timeout=60)
-        results[scenario] = (process.returncode, json.loads(out), err)
+    for name, process in running.items():
+        out, err = process.communicate(timeout=90)
+        results[name] = (process.returncode, out, err)
     return results
+
+
+@pytest.fixture(scope="module")
+def verdicts(runs) -> dict[str, tuple[int, dict[str, Any], str]]:
+    """The JSON runs, parsed: stdout holds the JSON document and nothing else."""
+    return {
+        name: (code, json.loads(out), err)
+        for name, (code, out, err) in runs.items()
+        if " " not in name
+    }
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
@@ -82,8 +108,154 @@ def test_each_scenario_gets_its_verdict(scenario: str, verdicts) -> None:
             assert states[gpu] == state, states
     assert returncode == code
     assert report["exit_code"] == code
-    # Nothing on stderr but the collection's own log lines: no progress bar when piped.
-    assert "sampling the GPUs" not in err
+    # Progress goes to stderr as whole lines when it is not a terminal: the first after the
+    # first collection, the last at the end of the window.
+    progress = [line for line in err.splitlines() if line.startswith("sampling ")]
+    seconds = 8 if scenario == "data-starved" else 3
+    assert progress[-1] == f"sampling 8 GPUs: {seconds} s of {seconds} s", err
+    assert progress[0].startswith("sampling 8 GPUs: ") and progress[0].endswith(
+        f" s of {seconds} s"
+    )
+
+
+def test_progress_lines_every_five_seconds_when_not_a_terminal() -> None:
+    stream = io.StringIO()
+    progress = Progress(stream)
+    for elapsed in [0.2, 1.2, 4.9, 5.1, 6.0, 9.0, 11.4, 12.0]:
+        progress(elapsed, 12.0, 8)
+    progress.clear()
+    assert stream.getvalue() == (
+        "sampling 8 GPUs: 0 s of 12 s\n"
+        "sampling 8 GPUs: 5 s of 12 s\n"
+        "sampling 8 GPUs: 11 s of 12 s\n"
+        "sampling 8 GPUs: 12 s of 12 s\n"
+    )
+
+
+def test_alike_gpus_are_one_block_after_the_node_verdict(runs, verdicts) -> None:
+    code, out, err = runs["data-starved text"]
+    assert code == 1, err
+    lines = out.splitlines()
+    assert lines[0] == f"node {HOST}: 8 GPUs, 8 input-starved"
+    assert lines[1] == "sampled 8 s from the simulated NVML (scenario data-starved)"
+    assert lines[3] == "GPUs 0-7: input-starved  (8 x NVIDIA H100 80GB HBM3)"
+    assert lines[4] == "  busy in bursts, fully idle in between: waits for its input"
+    # One block: the next steps are printed once, not once per GPU.
+    assert out.count("next steps:") == 1
+    assert lines[-1] == "result: findings above: see the next steps (exit 1)"
+    report = verdicts["data-starved"][1]
+    assert report["node"]["verdict"] == f"node {HOST}: 8 GPUs, 8 input-starved"
+    assert report["node"]["states"] == {"input-starved": 8}
+    assert [group["gpus"] for group in report["groups"]] == [list(range(8))]
+    assert report["groups"][0]["label"] == "GPUs 0-7"
+
+
+def test_a_group_shows_differing_numbers_as_ranges() -> None:
+    assert merge(["utilization mean 22%", "utilization mean 24%", "utilization mean 23%"]) == (
+        "utilization mean 22-24%"
+    )
+    assert merge(["61.0 GiB held by 1 process(es)"] * 3) == "61.0 GiB held by 1 process(es)"
+    assert index_ranges([7, 0, 1, 2, 4, 5, 6]) == "0-2,4-7"
+    assert index_ranges([3]) == "3"
+
+
+def test_a_lost_gpu_stands_apart_with_its_xid_in_the_verdict() -> None:
+    # GPU 3 reports XID 79 and is lost 60 s after the epoch: here 3 s into the window, long after
+    # the doctor's first collection has registered for the GPUs' XID events.
+    epoch = time.time() - 57
+    options = Options(duration=5.0, interval=0.2, simulate="fell-off-bus", sim_epoch=epoch)
+    out = io.StringIO()
+    assert run(options, out=out, err=io.StringIO()) == 1
+    lines = out.getvalue().splitlines()
+    assert lines[0] == f"node {HOST}: 8 GPUs, 1 hardware-fault, 7 compute-bound"
+    assert lines[1] == "  XID 79 on GPU 3: GPU has fallen off the bus"
+    # The earlier application XIDs are listed too, after the critical one.
+    assert lines[2:5] == [
+        "  XID 13 on GPU 1: graphics engine exception",
+        "  XID 31 on GPU 5: GPU memory page fault",
+        "  XID 43 on GPU 6: GPU stopped processing",
+    ]
+    assert lines[7].startswith("GPU 3: hardware-fault  (NVIDIA H100 80GB HBM3, GPU-")
+    assert "    - XID 79 on GPU 3: GPU has fallen off the bus" in lines
+    assert "GPUs 0-2,4-7: compute-bound  (7 x NVIDIA H100 80GB HBM3)" in lines
+    assert (
+        "  XID 13 on GPU 1: graphics engine exception; usually the application (out-of-range "
+        "access, illegal instruction); fix the code; if it follows the GPU, test it"
+    ) in lines
+
+
+def test_mig_without_gpm_says_what_it_cannot_measure_and_why(runs, verdicts) -> None:
+    code, out, err = runs["a100-mig text"]
+    assert code == 2, err
+    lines = out.splitlines()
+    assert lines[0] == f"node {HOST}: 2 GPUs, 2 unknown"
+    gpu0 = lines[
+        lines.index(
+            "GPU 0: unknown  (NVIDIA A100-SXM4-80GB, GPU-b0b55aba-ce45-a40f-f413-704e2c5d7490)"
+        ) :
+    ]
+    assert gpu0[1:3] == [
+        "  load not measurable: MIG mode without GPM",
+        "    - 7 MIG instances: 1 idle, 6 unknown",
+    ]
+    assert (
+        "  not measured: whole-GPU utilization: NVML has no whole-GPU utilization in MIG mode"
+        in gpu0
+    )
+    assert (
+        "  not measured: activity per MIG instance: the NVIDIA A100-SXM4-80GB has no GPM (GPU "
+        "performance monitoring, Hopper and newer); only each instance's memory is measured"
+    ) in gpu0
+    assert "    instance 7 (1g.10gb): unknown, memory 9.0 GiB of 9.8 GiB" in gpu0
+    assert "    instance 13 (1g.10gb): idle, memory 0.0 GiB of 9.8 GiB" in gpu0
+    # No healthy verdict contradicts the unknown state any more.
+    assert "busy" not in out and "working, nothing holding it back" not in out
+    assert lines[-1] == "result: could not measure: see what was not measured above (exit 2)"
+    report = verdicts["a100-mig"][1]
+    gpu = report["gpus"][1]
+    assert gpu["mig_mode"] is True
+    assert [u["what"] for u in gpu["not_measured"]] == [
+        "whole-GPU utilization",
+        "activity per MIG instance",
+    ]
+    instances = {i["mig_instance"]: i for i in gpu["mig_instances"]}
+    assert {i: (v["mig_profile"], v["state"]) for i, v in instances.items()} == {
+        1: ("3g.40gb", "unknown"),
+        3: ("2g.20gb", "unknown"),
+        4: ("2g.20gb", "unknown"),
+    }
+    assert instances[1]["figures"]["memory_used_bytes"] == 36 * 2**30
+    assert instances[1]["figures"]["sm_active_mean"] is None
+
+
+def test_mig_instances_with_gpm_are_judged_one_by_one(verdicts) -> None:
+    code, report, err = verdicts["h100-mig"]
+    gpu, whole = report["gpus"]
+    assert gpu["mig_mode"] is True and whole["mig_mode"] is False
+    assert gpu["not_measured"] == [
+        {
+            "what": "whole-GPU utilization",
+            "why": "NVML has no whole-GPU utilization in MIG mode; judged per MIG instance from "
+            "GPM instead",
+        }
+    ]
+    instances = {i["mig_instance"]: i for i in gpu["mig_instances"]}
+    assert sorted(instances) == [1, 3, 4]
+    big = instances[1]
+    assert (big["mig_profile"], big["state"]) == ("3g.40gb", "busy")
+    assert big["figures"]["sm_active_mean"] == pytest.approx(0.70, abs=0.02)
+    assert big["findings"][0]["next_steps"] == BUSY_STEPS
+    for small in (instances[3], instances[4]):
+        assert small["mig_profile"] == "2g.20gb"
+        assert small["figures"]["sm_active_mean"] == pytest.approx(0.25, abs=0.02)
+        # DRAM at GPUMemoryBandwidthBound's 60% exactly: either side of it by the window's edges.
+        assert small["figures"]["dram_active_mean"] == pytest.approx(0.60, abs=0.02)
+        assert small["state"] in ("busy", "memory-bandwidth-bound")
+    # The GPU's state is its most serious instance's; the exit code follows.
+    worst = "memory-bandwidth-bound" if instances[3]["state"] != "busy" else "busy"
+    assert gpu["state"] == worst
+    assert code == report["exit_code"] == (1 if worst != "busy" else 0), err
+    assert gpu["summary"].startswith("MIG instance ")
 
 
 def test_findings_carry_evidence_and_next_steps_from_the_runbooks(verdicts) -> None:
@@ -98,7 +270,8 @@ def test_findings_carry_evidence_and_next_steps_from_the_runbooks(verdicts) -> N
     assert lost["summary"] == "NVML answers GPU is lost: it has fallen off the bus"
     assert lost["next_steps"][0].startswith("Drain the node")
     bound = verdicts["memory-bound"][1]["gpus"][0]["findings"][0]
-    assert "DRAM bandwidth 90% of peak" in bound["evidence"]
+    # 90% in the scenario; the counter's rate over the window's readings is within a point of it.
+    assert bound["evidence"][0] in {f"DRAM bandwidth {n}% of peak" for n in (89, 90, 91)}
 
 
 def test_a_starved_input_pipeline_is_input_starved() -> None:
@@ -167,6 +340,15 @@ def test_starved_needs_fully_idle_time_not_just_a_low_mean(
     }
     (report,) = diagnose(window(counters), loaded)
     assert report.state == state
+    if state == "busy":
+        # A healthy GPU has next steps too: what to watch.
+        assert report.findings[0].steps == BUSY_STEPS
+
+
+def test_idle_gpus_say_there_is_nothing_to_do(verdicts) -> None:
+    finding = verdicts["idle"][1]["gpus"][0]["findings"][0]
+    assert finding["next_steps"] == IDLE_STEPS
+    assert verdicts["idle"][1]["node"]["verdict"] == f"node {HOST}: 8 GPUs, healthy (8 idle)"
 
 
 def test_text_report_and_progress_on_a_terminal() -> None:
@@ -191,17 +373,23 @@ def test_text_report_and_progress_on_a_terminal() -> None:
         shown += chunk
     os.close(leader)
     assert process.returncode == 0
-    assert b"\rsampling the GPUs [" in shown
-    assert "GPU 0  NVIDIA H100 80GB HBM3" in out
-    assert "  state: idle" in out
-    assert out.rstrip().endswith("result: healthy: nothing to do (exit 0)")
+    # On a terminal the progress line is rewritten in place, then cleared.
+    assert b"\rsampling 8 GPUs: 1 s of 1 s" in shown
+    lines = out.splitlines()
+    assert lines[0] == f"node {HOST}: 8 GPUs, healthy (8 idle)"
+    assert lines[3] == "GPUs 0-7: idle  (8 x NVIDIA H100 80GB HBM3)"
+    assert "      * Nothing to do if this GPU is meant to be free." in lines
+    assert lines[-1] == "result: healthy: nothing to do (exit 0)"
 
 
 def test_no_nvml_or_no_prometheus_is_exit_code_2() -> None:
     unreachable = doctor("--prometheus", "http://127.0.0.1:1", "--instance", "n1:19400")
     out, err = unreachable.communicate(timeout=30)
     assert unreachable.returncode == 2
-    assert "cannot query Prometheus at http://127.0.0.1:1" in err
+    assert (out, err) == (
+        "",
+        "gpuload doctor: cannot reach Prometheus at http://127.0.0.1:1: connection refused\n",
+    )
     # This machine has no NVIDIA driver: NVML cannot be initialised.
     no_driver = doctor("--duration", "1s")
     out, err = no_driver.communicate(timeout=30)

@@ -7,15 +7,19 @@ Exit codes: 0 every GPU healthy (idle, busy or compute-bound), 1 at least one fi
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from dataclasses import dataclass
 from typing import TextIO
 
 from exporter.alerting import thresholds as thresholds_file
+from exporter.doctor.node import Group, Node, merge, summarize
 from exporter.doctor.sampling import SamplingError, sample_local, sample_prometheus
-from exporter.doctor.verdicts import Report, diagnose
+from exporter.doctor.verdicts import Finding, InstanceReport, diagnose, instance_text
 
 HEALTHY, FINDINGS, UNMEASURED = 0, 1, 2
+# Seconds between progress lines when stderr is not a terminal.
+PROGRESS_EVERY = 5.0
 
 
 @dataclass(frozen=True)
@@ -32,26 +36,40 @@ class Options:
     json: bool = False
 
 
-class _Progress:
-    """A one-line progress indicator on a terminal; silent when stderr is not one."""
+class Progress:
+    """Where the sampling is, on stderr, so that stdout holds only the report.
 
-    def __init__(self, stream: TextIO) -> None:
+    On a terminal one line is rewritten in place after each collection; otherwise (a pipe, a log
+    file, a CI job) a whole line is written at the start, every ``every`` seconds and at the end.
+    """
+
+    def __init__(self, stream: TextIO, every: float = PROGRESS_EVERY) -> None:
         self._stream = stream
-        self._shown = stream.isatty()
+        self._terminal = stream.isatty()
+        self._every = every
+        self._next = 0.0
+        self._shown = False
 
-    def __call__(self, elapsed: float, total: float) -> None:
-        if not self._shown:
+    def __call__(self, elapsed: float, total: float, gpus: int) -> None:
+        """Show the progress after a collection."""
+        line = f"sampling {gpus} GPU{'' if gpus == 1 else 's'}: {int(elapsed)} s of {total:g} s"
+        if self._terminal:
+            self._stream.write(f"\r{line}\x1b[K")
+        elif elapsed >= self._next or elapsed >= total:
+            self._stream.write(line + "\n")
+            while self._next <= elapsed:
+                self._next += self._every
+        else:
             return
-        width = 30
-        done = int(width * elapsed / total) if total else width
-        bar = "#" * done + "." * (width - done)
-        self._stream.write(f"\rsampling the GPUs [{bar}] {elapsed:4.0f}/{total:.0f} s")
+        self._shown = True
         self._stream.flush()
 
     def clear(self) -> None:
-        if self._shown:
-            self._stream.write("\r" + " " * 60 + "\r")
+        """End the progress line before anything else is written."""
+        if self._terminal and self._shown:
+            self._stream.write("\r\x1b[K")
             self._stream.flush()
+        self._shown = False
 
 
 def run(options: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
@@ -64,7 +82,7 @@ def run(options: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
             file=err,
         )
         return UNMEASURED
-    progress = _Progress(err)
+    progress = Progress(err)
     try:
         if options.prometheus:
             window = sample_prometheus(options.prometheus, options.instance or "", options.duration)
@@ -89,6 +107,7 @@ def run(options: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
             sim.uninstall()
     progress.clear()
     reports = diagnose(window, thresholds)
+    node = summarize(options.instance or socket.gethostname(), reports)
     measured = [r for r in reports if r.state != "unknown"]
     code = FINDINGS if any(not r.healthy for r in reports) else HEALTHY
     if not measured:
@@ -98,33 +117,73 @@ def run(options: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
             "source": source,
             "duration_seconds": options.duration,
             "exit_code": code,
+            "node": node.to_json(),
+            "groups": [group.to_json() for group in node.groups],
             "gpus": [report.to_json() for report in reports],
         }
         print(json.dumps(document, indent=2), file=out)
     else:
-        print(_text(reports, source, options.duration, code), file=out)
+        print(text(node, source, options.duration, code), file=out)
     return code
 
 
-def _text(reports: list[Report], source: str, duration: float, code: int) -> str:
-    lines = [f"gpuload doctor: {len(reports)} GPU(s), {duration:g} s from {source}", ""]
-    for report in reports:
-        lines.append(f"GPU {report.gpu}  {report.name}  {report.uuid}")
-        lines.append(f"  state: {report.state}")
-        for finding in report.findings:
-            prefix = "  " if finding is report.findings[0] else "  also "
-            lines.append(f"{prefix}{finding.state}: {finding.summary}")
-            lines.extend(f"    - {line}" for line in finding.evidence)
-            if finding.steps:
-                lines.append("    next steps:")
-                lines.extend(f"      * {step}" for step in finding.steps)
-            if finding.runbook and report.state not in ("idle", "busy"):
-                lines.append(f"    runbook: {finding.runbook}")
+def text(node: Node, source: str, duration: float, code: int) -> str:
+    """The report for people: the node's verdict first, then one block per group of GPUs."""
+    lines = [node.verdict()]
+    lines.extend(f"  {xid}" for xid in node.xids())
+    lines += [f"sampled {duration:g} s from {source}", ""]
+    for group in node.groups:
+        lines += _group(group)
         lines.append("")
     verdict = {
         HEALTHY: "healthy: nothing to do",
         FINDINGS: "findings above: see the next steps",
-        UNMEASURED: "could not measure",
+        UNMEASURED: "could not measure: see what was not measured above",
     }[code]
     lines.append(f"result: {verdict} (exit {code})")
     return "\n".join(lines)
+
+
+def _group(group: Group) -> list[str]:
+    first = group.reports[0]
+    count = len(group.reports)
+    model = f"{count} x {first.name}" if count > 1 else f"{first.name}, {first.uuid}"
+    lines = [f"{group.label}: {first.state}  ({model})"]
+    for position, finding in enumerate(first.findings):
+        prefix = "  " if position == 0 else f"  also {finding.state}: "
+        lines.append(f"{prefix}{finding.summary}")
+        lines.extend(f"    - {line}" for line in group.evidence(position))
+        lines += _steps(finding, "    ")
+    lines.extend(f"  not measured: {item.text()}" for item in first.unmeasured)
+    for report in group.reports:
+        lines.extend(
+            f"  {xid.text(report.gpu)}" + (f"; {xid.action}" if xid.action else "")
+            for xid in report.xids
+        )
+    if first.instances:
+        lines.append("  MIG instances:")
+    for position, instance in enumerate(first.instances):
+        lines += _instance(group, position, instance)
+    return lines
+
+
+def _instance(group: Group, position: int, instance: InstanceReport) -> list[str]:
+    alike = [instance_text(report.instances[position].figures) for report in group.reports]
+    finding = instance.findings[0]
+    lines = [
+        f"    instance {instance.instance} ({instance.profile}): {instance.state}, {merge(alike)}"
+    ]
+    if not instance.healthy:
+        lines.append(f"      {finding.summary}")
+        lines += _steps(finding, "      ")
+    return lines
+
+
+def _steps(finding: Finding, indent: str) -> list[str]:
+    lines = []
+    if finding.steps:
+        lines.append(f"{indent}next steps:")
+        lines.extend(f"{indent}  * {step}" for step in finding.steps)
+    if finding.runbook and finding.state not in ("idle", "busy"):
+        lines.append(f"{indent}runbook: {finding.runbook}")
+    return lines

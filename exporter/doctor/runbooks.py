@@ -75,3 +75,17 @@ def steps(alert: str, limit: int = 4) -> list[str]:
         return [_first_sentences(bullet, 1) for bullet in bullets[:limit]]
     text = " ".join(paragraph)
     return [sentence for sentence in _SENTENCE.split(_clean(text)) if sentence][:limit]
+
+
+_XID_ROW = re.compile(r"^\|\s*(\d+)\s*\|([^|]*)\|([^|]*)\|([^|]*)\|\s*$")
+
+
+@functools.lru_cache(maxsize=1)
+def xid_table() -> dict[int, tuple[str, str]]:
+    """XID code -> (meaning, usual action), from the table under GPUXidError; empty without it."""
+    table: dict[int, tuple[str, str]] = {}
+    for line in _sections().get("GPUXidError", []):
+        row = _XID_ROW.match(line)
+        if row:
+            table[int(row.group(1))] = (_clean(row.group(2)), _clean(row.group(4)))
+    return table

@@ -7,6 +7,8 @@ the raw samples of the window that ends now for one ``instance`` in a single ran
 
 from __future__ import annotations
 
+import socket
+import ssl
 import time
 from collections.abc import Callable
 
@@ -20,7 +22,8 @@ class SamplingError(RuntimeError):
     """Nothing could be measured; the message says why and what to do."""
 
 
-Progress = Callable[[float, float], None]
+# Called after each collection with (seconds elapsed, seconds in all, GPUs seen).
+Progress = Callable[[float, float, int], None]
 
 
 def sample_local(
@@ -51,7 +54,7 @@ def sample_local(
             history.add(snapshot_samples(snapshot), snapshot.completed_at)
             elapsed = time.monotonic() - started
             if progress is not None:
-                progress(min(elapsed, duration), duration)
+                progress(min(elapsed, duration), duration, gpus)
             if elapsed >= duration:
                 break
             time.sleep(max(0.0, interval - (time.monotonic() - started) % interval))
@@ -88,8 +91,19 @@ def sample_prometheus(url: str, instance: str, duration: float, timeout: float =
             timeout=timeout,
         )
         answer = response.json()
-    except (requests.RequestException, ValueError) as error:
+    except requests.Timeout:
+        raise SamplingError(
+            f"cannot reach Prometheus at {url}: no answer within {timeout:g} s"
+        ) from None
+    except requests.ConnectionError as error:
+        raise SamplingError(f"cannot reach Prometheus at {url}: {_reason(error)}") from None
+    except requests.RequestException as error:
         raise SamplingError(f"cannot query Prometheus at {url}: {error}") from None
+    except ValueError:
+        raise SamplingError(
+            f"cannot query Prometheus at {url}: its answer is not JSON (HTTP "
+            f"{response.status_code}): is it the Prometheus server's URL?"
+        ) from None
     if answer.get("status") != "success":
         raise SamplingError(f"Prometheus refused the query: {answer.get('error', answer)}")
     series: dict[str, dict] = {}
@@ -104,3 +118,39 @@ def sample_prometheus(url: str, instance: str, duration: float, timeout: float =
             f"{seconds}s: check the instance label (host:port of the scrape target)"
         )
     return Window(series, end - seconds, end)
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """The error and what caused it, outermost first (requests wraps urllib3 wraps socket)."""
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in chain:
+        chain.append(current)
+        reason = getattr(current, "reason", None)
+        wrapped = current.args[0] if current.args else None
+        if isinstance(reason, BaseException):
+            current = reason
+        elif isinstance(wrapped, BaseException):
+            current = wrapped
+        else:
+            current = current.__cause__ or current.__context__
+    return chain
+
+
+def _reason(error: BaseException) -> str:
+    """Why a connection failed, in a few plain words rather than urllib3's retry message."""
+    chain = _causes(error)
+    plain: list[tuple[type[BaseException], str]] = [
+        (ConnectionRefusedError, "connection refused"),
+        (socket.gaierror, "unknown host name"),
+        (ConnectionResetError, "connection reset"),
+        (TimeoutError, "connection timed out"),
+        (ssl.SSLError, "TLS handshake failed"),
+    ]
+    for kind, words in plain:
+        if any(isinstance(cause, kind) for cause in chain):
+            return words
+    innermost = chain[-1]
+    if isinstance(innermost, OSError) and innermost.strerror:
+        return innermost.strerror.lower()
+    return "connection failed"

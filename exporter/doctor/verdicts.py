@@ -30,6 +30,17 @@ GPM activity are the increase of their counters of seconds (``gpu_utilization_se
 length: every NVML sample in between counts, where a mean of the last-interval ratios would
 count only the intervals the readings happened to land on. The clock event reasons have no
 counter: their share is the mean of the window's 0/1 readings.
+
+A GPU in MIG mode has no whole-GPU utilization (NVML answers NOT_SUPPORTED), so the states that
+need it cannot be judged on the whole GPU. Its MIG instances are judged instead where the GPU has
+GPM per instance (Hopper and newer: ``gpu_mig_sm_active_seconds_total`` and the other
+``gpu_mig_*_active_seconds_total`` counters) with GPUMIGUtilizationLow's and
+GPUMemoryBandwidthBound's thresholds; their memory (``gpu_mig_memory_used_bytes``) is judged
+everywhere against GPUMemoryNearlyFull's. What cannot be measured is said, with the reason, in
+each report's ``unmeasured``; a GPU whose load cannot be judged at all is ``unknown``.
+
+Every XID in the window is listed with its meaning from the runbooks' XID table; those in
+GPUXidError's list make the GPU a hardware fault, the others (application errors) are shown only.
 """
 
 from __future__ import annotations
@@ -83,6 +94,12 @@ FAMILIES = frozenset(
         "gpu_row_remap_pending",
         "gpu_row_remap_failed",
         "gpu_retired_pages_pending",
+        "gpu_mig_mode_enabled",
+        "gpu_mig_memory_used_bytes",
+        "gpu_mig_memory_total_bytes",
+        "gpu_mig_sm_active_seconds_total",
+        "gpu_mig_dram_active_seconds_total",
+        *(f"gpu_mig_{pipe}_active_seconds_total" for pipe in rules.COMPUTE_PIPES),
     }
 )
 
@@ -93,12 +110,31 @@ ORDER = (
     "throttled-power",
     "pcie-bound",
     "memory-bandwidth-bound",
+    "memory-nearly-full",
     "input-starved",
     "imbalanced",
     "compute-bound",
     "busy",
     "idle",
+    "unknown",
 )
+
+# Next steps of the healthy states that no alert's runbook covers.
+BUSY_STEPS = [
+    "Nothing to do: it works and nothing above holds it back.",
+    "To watch: the job's time per step, and this verdict over a longer window "
+    "(gpuload doctor --duration 5m) if the job slows down.",
+]
+IDLE_STEPS = [
+    "Nothing to do if this GPU is meant to be free.",
+    "If a job should run here, check that it was given this GPU (CUDA_VISIBLE_DEVICES, the pod's "
+    "nvidia.com/gpu request) and that it started.",
+]
+MIG_WITHOUT_GPM_STEPS = [
+    "Each instance's memory is below; its activity needs GPM, which this GPU does not have.",
+    "Judge each instance's load from inside its job (its time per step or request latency, or a "
+    "profiler such as Nsight Systems).",
+]
 
 
 @dataclass
@@ -131,6 +167,16 @@ class Window:
             if dict(labels).get("gpu") == gpu
         }
 
+    def instances(self, name: str, gpu: str) -> dict[str, tuple[str, list[Point]]]:
+        """One GPU's MIG instances in ``name``: GPU instance id -> (its profile, samples)."""
+        self._check(name)
+        found = {}
+        for labels, points in self.series.get(name, {}).items():
+            label = dict(labels)
+            if label.get("gpu") == gpu and "mig_instance" in label:
+                found[label["mig_instance"]] = (label.get("mig_profile", ""), points)
+        return dict(sorted(found.items(), key=lambda item: int(item[0] or 0)))
+
     def _check(self, name: str) -> None:
         if self.names is not None and name not in self.names:
             raise KeyError(f"this window was not gathered with {name}: add it to FAMILIES")
@@ -157,6 +203,84 @@ class Finding:
     steps: list[str] = field(default_factory=list)
 
 
+def _finding_json(finding: Finding) -> dict[str, Any]:
+    return {
+        "state": finding.state,
+        "summary": finding.summary,
+        "evidence": finding.evidence,
+        "runbook_url": finding.runbook,
+        "next_steps": finding.steps,
+    }
+
+
+@dataclass(frozen=True)
+class Xid:
+    """XID errors of one code reported on a GPU, with their meaning from the runbooks."""
+
+    code: int
+    count: int
+    meaning: str
+    action: str
+    critical: bool
+
+    def text(self, gpu: str) -> str:
+        """``XID 79 on GPU 3: GPU has fallen off the bus``."""
+        times = f" ({self.count} times)" if self.count > 1 else ""
+        return f"XID {self.code} on GPU {gpu}{times}: {self.meaning or 'see the XID catalog'}"
+
+    def to_json(self, gpu: str) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return {
+            "gpu": int(gpu),
+            "xid": self.code,
+            "count": self.count,
+            "meaning": self.meaning,
+            "action": self.action,
+            "critical": self.critical,
+            "text": self.text(gpu),
+        }
+
+
+@dataclass(frozen=True)
+class Unmeasured:
+    """Something the doctor could not measure on a GPU, and why."""
+
+    what: str
+    why: str
+
+    def text(self) -> str:
+        """``whole-GPU utilization: NVML has none in MIG mode``."""
+        return f"{self.what}: {self.why}"
+
+
+@dataclass
+class InstanceReport:
+    """The doctor's verdict on one MIG GPU instance."""
+
+    instance: str
+    profile: str
+    state: str
+    findings: list[Finding]
+    figures: dict[str, float | None]
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the instance needs nothing done."""
+        return self.state in HEALTHY or self.state == "unknown"
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return {
+            "mig_instance": int(self.instance),
+            "mig_profile": self.profile,
+            "state": self.state,
+            "healthy": self.healthy,
+            "summary": self.findings[0].summary if self.findings else "",
+            "figures": self.figures,
+            "findings": [_finding_json(f) for f in self.findings],
+        }
+
+
 @dataclass
 class Report:
     """The doctor's verdict on one GPU."""
@@ -167,6 +291,10 @@ class Report:
     state: str
     findings: list[Finding]
     figures: dict[str, float | None]
+    xids: list[Xid] = field(default_factory=list)
+    unmeasured: list[Unmeasured] = field(default_factory=list)
+    mig_mode: bool = False
+    instances: list[InstanceReport] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
@@ -183,16 +311,11 @@ class Report:
             "healthy": self.healthy,
             "summary": self.findings[0].summary if self.findings else "",
             "figures": self.figures,
-            "findings": [
-                {
-                    "state": f.state,
-                    "summary": f.summary,
-                    "evidence": f.evidence,
-                    "runbook_url": f.runbook,
-                    "next_steps": f.steps,
-                }
-                for f in self.findings
-            ],
+            "findings": [_finding_json(f) for f in self.findings],
+            "xids": [xid.to_json(self.gpu) for xid in self.xids],
+            "not_measured": [{"what": u.what, "why": u.why} for u in self.unmeasured],
+            "mig_mode": self.mig_mode,
+            "mig_instances": [instance.to_json() for instance in self.instances],
         }
 
 
@@ -234,7 +357,11 @@ def _busy(window: Window, name: str, gpu: str) -> float | None:
     sample (or GPM interval) in between counts, where a mean of the last-interval ratios
     counts only the intervals the window happened to read.
     """
-    rate = _rate(window.of(name, gpu))
+    return _ratio(_rate(window.of(name, gpu)))
+
+
+def _ratio(rate: float | None) -> float | None:
+    """A rate of seconds per second as a fraction of time (at most 1)."""
     return None if rate is None else min(rate, 1.0)
 
 
@@ -295,15 +422,37 @@ def _in_use(f: Mapping[str, float | None], thresholds: Thresholds) -> bool:
     )
 
 
-def _hardware(window: Window, gpu: str, t: Thresholds, f: Mapping[str, Any]) -> Finding | None:
+# XID 154 has its own alert: the driver names the recovery action the GPU needs.
+RECOVERY_XID = 154
+
+
+def xids(window: Window, gpu: str, t: Thresholds) -> list[Xid]:
+    """The XIDs a GPU reported (counted since the exporter started), most serious first."""
+    critical = set(t.alert("GPUXidError").xids()) | {RECOVERY_XID}
+    table = runbooks.xid_table()
+    found = []
+    for labels, points in window.each("gpu_xid_errors_total", gpu).items():
+        code = dict(labels).get("xid", "")
+        count = _last(points) or 0
+        if not code.isdigit() or count <= 0:
+            continue
+        meaning, action = table.get(int(code), ("", ""))
+        if meaning[1:2].islower():
+            meaning = meaning[0].lower() + meaning[1:]
+        found.append(Xid(int(code), int(count), meaning, action, int(code) in critical))
+    return sorted(found, key=lambda xid: (not xid.critical, xid.code))
+
+
+def _hardware(
+    window: Window, gpu: str, t: Thresholds, f: Mapping[str, Any], reported: list[Xid]
+) -> Finding | None:
     problems: list[tuple[str, str]] = []
     if f["up"] == 0:
         problems.append(("GPUFellOffBus", "NVML answers GPU is lost: it has fallen off the bus"))
-    critical = {str(code) for code in t.alert("GPUXidError").xids()}
-    for labels, points in window.each("gpu_xid_errors_total", gpu).items():
-        xid = dict(labels).get("xid", "")
-        if xid in critical and (_last(points) or 0) > 0:
-            problems.append(("GPUXidError", f"critical XID {xid} reported"))
+    for xid in reported:
+        if xid.critical:
+            alert = "GPURecoveryActionRequired" if xid.code == RECOVERY_XID else "GPUXidError"
+            problems.append((alert, xid.text(gpu)))
     volatile = window.of("gpu_ecc_errors_total", gpu, type="uncorrected", counter="volatile")
     if (_last(volatile) or 0) > 0:
         problems.append(
@@ -406,9 +555,12 @@ def _pcie(t: Thresholds, f: Mapping[str, Any]) -> Finding | None:
     return None
 
 
-def _bandwidth(t: Thresholds, f: Mapping[str, Any]) -> Finding | None:
+def _bandwidth(t: Thresholds, f: Mapping[str, Any], activity: str = "") -> Finding | None:
     a = t.alert("GPUMemoryBandwidthBound")
     dram, pipes = f["dram_active_mean"], f["compute_pipe_max_mean"]
+    activity = activity or (
+        f"utilization {_pct(f.get('utilization_mean'))}, SM active {_pct(f['sm_active_mean'])}"
+    )
     if dram is None or pipes is None:
         return None
     if dram > a.number("dram_active_above") and pipes < a.number("compute_pipes_below"):
@@ -420,7 +572,7 @@ def _bandwidth(t: Thresholds, f: Mapping[str, Any]) -> Finding | None:
             [
                 f"DRAM bandwidth {_pct(dram)} of peak",
                 f"busiest compute pipe {_pct(pipes)}",
-                f"utilization {_pct(f['utilization_mean'])}, SM active {_pct(f['sm_active_mean'])}",
+                activity,
             ],
         )
     return None
@@ -463,8 +615,9 @@ def diagnose(window: Window, thresholds: Thresholds) -> list[Report]:
     spread = thresholds.alert("GPULoadImbalance").number("spread_above")
     for gpu, identity in window.gpus().items():
         f = stats[gpu]
+        reported = xids(window, gpu, thresholds)
         findings: list[Finding] = _throttled(thresholds, f)
-        optional = [_hardware(window, gpu, thresholds, f)]
+        optional = [_hardware(window, gpu, thresholds, f, reported)]
         if gpu in in_use:
             optional += [_pcie(thresholds, f), _bandwidth(thresholds, f), _starved(thresholds, f)]
         findings += [finding for finding in optional if finding is not None]
@@ -479,15 +632,210 @@ def diagnose(window: Window, thresholds: Thresholds) -> list[Report]:
                     [f"utilization {_pct(mean)} against {_pct(busiest)} on the busiest in-use GPU"],
                 )
             )
+        mig = _mig_mode(window, gpu)
+        gpm = identity.get("profiling") == "gpm" or bool(
+            window.instances("gpu_mig_sm_active_seconds_total", gpu)
+        )
+        instances = mig_instances(window, gpu, thresholds) if mig and f["up"] != 0 else []
+        unmeasured = _unmeasured(identity.get("name", "") or "this GPU", f, mig, gpm, instances)
+        # A mean over the window needs two readings of the counters (of gpu_up in MIG mode,
+        # where the instances' counters stand in for utilization).
+        readings = len(window.of("gpu_up", gpu)) if mig else f["samples"] or 0
+        measured = readings >= 2 or f["up"] == 0
         if not findings:
-            findings.append(_healthy(thresholds, gpu in in_use, f))
+            if mig and f["up"] != 0:
+                findings.append(_mig_summary(instances, unmeasured))
+            elif measured:
+                findings.append(_healthy(thresholds, gpu in in_use, f))
+        if not measured:
+            findings.append(_unknown(f, unmeasured))
         findings.sort(key=lambda finding: ORDER.index(finding.state))
-        # A mean over the window needs two readings of the counters.
-        state = findings[0].state if (f["samples"] or 0) >= 2 or f["up"] == 0 else "unknown"
+        state = findings[0].state if measured else "unknown"
+        if not measured:
+            findings.insert(0, findings.pop())
         reports.append(
-            Report(gpu, identity.get("uuid", ""), identity.get("name", ""), state, findings, f)
+            Report(
+                gpu,
+                identity.get("uuid", ""),
+                identity.get("name", ""),
+                state,
+                findings,
+                f,
+                reported,
+                unmeasured,
+                mig,
+                instances,
+            )
         )
     return reports
+
+
+def _mig_mode(window: Window, gpu: str) -> bool:
+    enabled = _last(window.of("gpu_mig_mode_enabled", gpu))
+    if enabled is not None:
+        return enabled == 1
+    return bool(window.instances("gpu_mig_memory_used_bytes", gpu))
+
+
+def _unmeasured(
+    name: str,
+    f: Mapping[str, Any],
+    mig: bool,
+    gpm: bool,
+    instances: list[InstanceReport],
+) -> list[Unmeasured]:
+    if f["up"] == 0:
+        return [Unmeasured("everything but its state", "NVML answers GPU is lost for every call")]
+    if not mig:
+        if f["samples"]:
+            return []
+        return [Unmeasured("utilization", "NVML reports none for this GPU")]
+    found = [
+        Unmeasured(
+            "whole-GPU utilization",
+            "NVML has no whole-GPU utilization in MIG mode"
+            + ("; judged per MIG instance from GPM instead" if gpm else ""),
+        )
+    ]
+    if not gpm:
+        found.append(
+            Unmeasured(
+                "activity per MIG instance",
+                f"the {name} has no GPM (GPU performance monitoring, Hopper and newer); "
+                "only each instance's memory is measured",
+            )
+        )
+    if not instances:
+        found.append(Unmeasured("MIG instances", "none reported (the mig collector is off?)"))
+    return found
+
+
+def mig_instances(window: Window, gpu: str, t: Thresholds) -> list[InstanceReport]:
+    """The verdict on each MIG GPU instance of a GPU."""
+    used = window.instances("gpu_mig_memory_used_bytes", gpu)
+    total = window.instances("gpu_mig_memory_total_bytes", gpu)
+    sm = window.instances("gpu_mig_sm_active_seconds_total", gpu)
+    dram = window.instances("gpu_mig_dram_active_seconds_total", gpu)
+    pipes = [
+        window.instances(f"gpu_mig_{name}_active_seconds_total", gpu)
+        for name in rules.COMPUTE_PIPES
+    ]
+    reports = []
+    for instance in sorted({*used, *sm}, key=int):
+        profile = (used.get(instance) or sm.get(instance) or ("", []))[0]
+
+        def rate(series: dict[str, tuple[str, list[Point]]], key: str = instance) -> float | None:
+            return _ratio(_rate(series[key][1])) if key in series else None
+
+        known_pipes = [r for r in (rate(pipe) for pipe in pipes) if r is not None]
+        f: dict[str, float | None] = {
+            "memory_used_bytes": _last(used[instance][1]) if instance in used else None,
+            "memory_total_bytes": _last(total[instance][1]) if instance in total else None,
+            "sm_active_mean": rate(sm),
+            "dram_active_mean": rate(dram),
+            "compute_pipe_max_mean": max(known_pipes) if known_pipes else None,
+        }
+        findings = _instance_findings(t, f)
+        reports.append(InstanceReport(instance, profile, findings[0].state, findings, f))
+    return reports
+
+
+def _instance_findings(t: Thresholds, f: Mapping[str, Any]) -> list[Finding]:
+    used, total, sm = f["memory_used_bytes"], f["memory_total_bytes"], f["sm_active_mean"]
+    evidence = [instance_text(f)]
+    findings = []
+    full = t.alert("GPUMemoryNearlyFull").number("used_above")
+    if used is not None and total and used / total > full:
+        findings.append(
+            _finding(
+                t,
+                "memory-nearly-full",
+                "GPUMemoryNearlyFull",
+                f"its memory is {_pct(used / total)} full",
+                evidence,
+            )
+        )
+    in_use = (used or 0) > t.in_use_memory_floor_bytes
+    if not in_use and not sm:
+        findings.append(Finding("idle", "nothing running on it", evidence, steps=IDLE_STEPS))
+    elif sm is None:
+        findings.append(
+            Finding(
+                "unknown",
+                "in use; its activity is not measurable without GPM",
+                evidence,
+                steps=MIG_WITHOUT_GPM_STEPS,
+            )
+        )
+    else:
+        findings += _instance_load(t, f, evidence)
+    findings.sort(key=lambda finding: ORDER.index(finding.state))
+    return findings
+
+
+def instance_text(f: Mapping[str, Any]) -> str:
+    """One line of a MIG instance's figures: its activity where measured, its memory always."""
+    memory = f"memory {_gib(f['memory_used_bytes'])} of {_gib(f['memory_total_bytes'])}"
+    if f["sm_active_mean"] is None:
+        return memory
+    return f"SM active {_pct(f['sm_active_mean'])}, DRAM {_pct(f['dram_active_mean'])}, {memory}"
+
+
+def _instance_load(t: Thresholds, f: Mapping[str, Any], evidence: list[str]) -> list[Finding]:
+    sm = f["sm_active_mean"]
+    bandwidth = _bandwidth(t, f, f"SM active {_pct(sm)}")
+    if bandwidth is not None:
+        return [bandwidth]
+    if sm < t.alert("GPUMIGUtilizationLow").number("sm_active_below"):
+        return [
+            _finding(
+                t,
+                "input-starved",
+                "GPUMIGUtilizationLow",
+                "in use but its SMs mostly idle: the slice is too big or its work waits",
+                evidence,
+            )
+        ]
+    if sm > COMPUTE_BOUND_ABOVE:
+        return [_finding(t, "compute-bound", "GPUUtilizationHigh", "busy computing", evidence)]
+    return [Finding("busy", "working, nothing holding it back", evidence, steps=BUSY_STEPS)]
+
+
+def _mig_summary(instances: list[InstanceReport], unmeasured: list[Unmeasured]) -> Finding:
+    """The GPU-level finding of a MIG GPU with no whole-GPU problem: its instances' verdict."""
+    counts: dict[str, int] = {}
+    for instance in instances:
+        counts[instance.state] = counts.get(instance.state, 0) + 1
+    tally = ", ".join(f"{n} {state}" for state, n in sorted(counts.items(), key=_by_order))
+    evidence = [f"{len(instances)} MIG instances: {tally}"]
+    judged = [i for i in instances if i.state != "unknown"]
+    worst = min(judged, key=lambda i: ORDER.index(i.state), default=None)
+    if worst is None or (len(judged) < len(instances) and worst.healthy):
+        steps = MIG_WITHOUT_GPM_STEPS if any(i.state == "unknown" for i in instances) else []
+        why = "MIG mode without GPM" if steps else "no MIG instance judged"
+        return Finding("unknown", f"load not measurable: {why}", evidence, steps=steps)
+    first = worst.findings[0]
+    summary = f"MIG instance {worst.instance} ({worst.profile}): {first.summary}"
+    return Finding(worst.state, summary, evidence, first.runbook, first.steps)
+
+
+def _by_order(item: tuple[str, int]) -> int:
+    return ORDER.index(item[0]) if item[0] in ORDER else len(ORDER)
+
+
+def _unknown(f: Mapping[str, Any], unmeasured: list[Unmeasured]) -> Finding:
+    if unmeasured:
+        why = unmeasured[0].text()
+    else:
+        why = f"{f['samples'] or 0:.0f} reading(s) in the window, a mean needs two"
+    return Finding(
+        "unknown",
+        f"not measurable: {why}",
+        [why],
+        steps=["Sample longer (--duration) or more often (--collect.interval)."]
+        if not unmeasured
+        else [],
+    )
 
 
 def _healthy(t: Thresholds, in_use: bool, f: Mapping[str, Any]) -> Finding:
@@ -498,9 +846,9 @@ def _healthy(t: Thresholds, in_use: bool, f: Mapping[str, Any]) -> Finding:
         f"{f['processes'] or 0:.0f} process(es)",
     ]
     if not in_use:
-        return Finding("idle", "nothing running on it", evidence)
+        return Finding("idle", "nothing running on it", evidence, steps=IDLE_STEPS)
     if mean is not None and mean > COMPUTE_BOUND_ABOVE:
         return _finding(
             t, "compute-bound", "GPUUtilizationHigh", "busy computing: healthy", evidence
         )
-    return Finding("busy", "working, nothing holding it back", evidence)
+    return Finding("busy", "working, nothing holding it back", evidence, steps=BUSY_STEPS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import gc
 import logging
+import os
 import signal
 import sys
 import threading
@@ -184,7 +185,13 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         server.stop()
         return 1
     app.status = StatusPage(
-        lambda: collection.snapshot, config.web.telemetry_path, alerting, config.collect_interval
+        lambda: collection.snapshot,
+        config.web.telemetry_path,
+        alerting,
+        config.collect_interval,
+        # On Kubernetes the pod's host name is the pod's: the chart passes the node's name.
+        hostname=os.environ.get("NODE_NAME") or None,
+        scenario=config.simulate.scenario,
     )
     app.metrics.publish = server.publish
     stop = stop or threading.Event()

@@ -1,17 +1,27 @@
 """The live status page (`/`) and its JSON (`/api/v1/status`).
 
-One card per GPU: utilization, memory, memory bandwidth, temperature and power as bars, the
-doctor's verdict over the last 30 seconds, and the local alerts pending or firing on it. The page
-is complete as the server renders it (no JavaScript needed; a ``<noscript>`` refresh reloads it);
-a small inline script then refreshes the cards from the JSON every collection interval. No
-external assets, no framework: the page works on an air-gapped node.
+The page an on-call engineer keeps open on a node: its host name (and a SIMULATED banner when the
+NVML is the simulator) in the header and the tab's title, a summary of the node (GPUs, lost ones,
+alerts firing), then one card per GPU, the worst first. A card shows utilization, memory, memory
+bandwidth, temperature, power and SM clock as bars, each coloured against its own threshold
+(memory nearly full, the slowdown temperature, the power limit, clocks held down by a throttle
+reason) and marked with a symbol as well, never colour alone; the active clock event reasons, the
+last XID, the doctor's verdict over the last 30 seconds with its runbook, the local alerts on the
+GPU with their runbooks and since when, and a MIG GPU's instances with their own bars.
+
+The page is complete as the server renders it: without JavaScript a meta refresh reloads it. A
+small inline script instead fetches the page itself every collection interval and swaps in the
+new body, so there is one renderer, on the server. No external assets, no framework: the page
+works on an air-gapped node.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -19,6 +29,7 @@ from exporter import __version__
 from exporter.alerting.evaluator import Alert
 from exporter.alerting.history import Sample, snapshot_samples
 from exporter.alerting.local import LocalAlerting
+from exporter.alerting.thresholds import Thresholds
 from exporter.collection import Snapshot
 from exporter.doctor.sampling import window_of
 from exporter.doctor.verdicts import Report, diagnose
@@ -26,6 +37,56 @@ from exporter.doctor.verdicts import Report, diagnose
 StartResponse = Callable[..., Any]
 # The doctor's window on the status page.
 VERDICT_SECONDS = 30.0
+# Where no thresholds file is loaded: alert_rules/thresholds.yaml's values.
+MEMORY_FULL_ABOVE = 0.95  # GPUMemoryNearlyFull used_above
+TEMPERATURE_MARGIN = 5.0  # GPUTemperatureHigh margin_celsius
+TEMPERATURE_FALLBACK = 85.0  # GPUTemperatureHigh fallback_celsius
+# A GPU drawing this much of its power limit is at its cap.
+POWER_AT_LIMIT = 0.98
+# Clock event reasons that hold the clocks down; the others (idle, application clocks, sync
+# boost, display) are the GPU doing as told.
+THROTTLE_REASONS = {
+    "sw_thermal": "thermal slowdown (SW)",
+    "hw_thermal": "thermal slowdown (HW)",
+    "hw_slowdown": "HW slowdown",
+    "hw_power_brake": "power brake (HW)",
+    "sw_power_cap": "power cap",
+}
+OTHER_REASONS = {
+    "gpu_idle": "idle",
+    "applications_clocks": "application clocks",
+    "sync_boost": "sync boost",
+    "display_clocks": "display clocks",
+}
+# The doctor's states as the page names them. A healthy state gets the page's own words: the
+# doctor's summary ("busy computing: healthy") reads oddly after a label.
+STATE_LABELS = {
+    "hardware-fault": "Hardware fault",
+    "throttled-thermal": "Thermal throttling",
+    "throttled-power": "Power throttling",
+    "pcie-bound": "PCIe-bound",
+    "memory-bandwidth-bound": "Memory-bandwidth-bound",
+    "input-starved": "Input-starved",
+    "imbalanced": "Imbalanced",
+    "compute-bound": "Compute-bound",
+    "busy": "Busy",
+    "idle": "Idle",
+    "unknown": "Unknown",
+}
+HEALTHY_WORDS = {
+    "compute-bound": "healthy, busy computing",
+    "busy": "healthy, nothing holds it back",
+    "idle": "nothing running on it",
+}
+# Severity -> (rank for sorting, symbol, word): the symbol and word are the cue besides colour.
+SEVERITIES = {
+    "fault": (0, "\u2716", "FAULT"),
+    "warning": (1, "\u25b2", "WARNING"),
+    "unknown": (2, "?", "UNKNOWN"),
+    "ok": (3, "\u2714", "OK"),
+}
+LEVEL_SYMBOLS = {"crit": " \u2716", "warn": " \u25b2", "ok": ""}
+GIB = 2**30
 
 
 def _ratio(value: float | None, total: float | None) -> float | None:
@@ -34,8 +95,18 @@ def _ratio(value: float | None, total: float | None) -> float | None:
     return max(0.0, min(1.0, value / total))
 
 
-def _bar(name: str, ratio: float | None, text: str) -> dict[str, Any]:
-    return {"name": name, "ratio": ratio, "text": text if ratio is not None else "n/a"}
+def _bar(
+    name: str,
+    ratio: float | None,
+    text: str,
+    level: str = "ok",
+    note: str = "",
+    mark: float | None = None,
+) -> dict[str, Any]:
+    """One bar: ``level`` (ok, warn, crit) against its threshold, ``mark`` where that lies."""
+    if ratio is None:
+        return {"name": name, "ratio": None, "text": "n/a", "level": "ok", "note": "", "mark": None}
+    return {"name": name, "ratio": ratio, "text": text, "level": level, "note": note, "mark": mark}
 
 
 def _by_gpu(samples: list[Sample], name: str, **matchers: str) -> dict[str, float]:
@@ -47,6 +118,27 @@ def _by_gpu(samples: list[Sample], name: str, **matchers: str) -> dict[str, floa
         if all(label.get(k) == v for k, v in matchers.items()):
             found.setdefault(label["gpu"], sample.value)
     return found
+
+
+def _by_label(samples: list[Sample], name: str, label_name: str) -> dict[str, dict[str, float]]:
+    """GPU -> label value -> value, for a whole-GPU family with one more label (reason, xid)."""
+    found: dict[str, dict[str, float]] = {}
+    for sample in samples:
+        label = dict(sample.labels)
+        if sample.name == name and "gpu" in label and label_name in label:
+            found.setdefault(label["gpu"], {})[label[label_name]] = sample.value
+    return found
+
+
+def _mig(samples: list[Sample], name: str) -> dict[tuple[str, str, str], float]:
+    """(GPU, GPU instance, profile) -> value of a per-instance MIG family."""
+    return {
+        (label["gpu"], label["mig_instance"], label.get("mig_profile", "")): sample.value
+        for sample in samples
+        if sample.name == name
+        for label in (dict(sample.labels),)
+        if "gpu" in label and "mig_instance" in label
+    }
 
 
 def _alert_json(alert: Alert) -> dict[str, Any]:
@@ -61,6 +153,38 @@ def _alert_json(alert: Alert) -> dict[str, Any]:
     }
 
 
+def _severity(gpu: dict[str, Any]) -> str:
+    """How much a GPU needs a person: fault, warning, unknown or ok."""
+    verdict = gpu["verdict"]
+    alerts = gpu["alerts"]
+    if gpu["state"] == "lost" or verdict["state"] == "hardware-fault":
+        return "fault"
+    if any(a["state"] == "firing" and a["severity"] == "critical" for a in alerts):
+        return "fault"
+    bars = [*gpu["bars"], *(b for m in gpu["mig"] for b in m["bars"])]
+    if gpu["state"] == "stale" or not verdict["healthy"] or alerts:
+        return "warning"
+    if any(b["level"] != "ok" for b in bars):
+        return "warning"
+    if verdict["state"] == "unknown" and not gpu["mig"]:
+        return "unknown"
+    return "ok"
+
+
+def _summary(document: dict[str, Any]) -> dict[str, int]:
+    gpus = document["gpus"]
+    alerts = [*document["alerts"], *(a for g in gpus for a in g["alerts"])]
+    return {
+        "gpus": len(gpus),
+        "lost": sum(g["state"] == "lost" for g in gpus),
+        "stale": sum(g["state"] == "stale" for g in gpus),
+        "faults": sum(g["severity"] == "fault" for g in gpus),
+        "warnings": sum(g["severity"] == "warning" for g in gpus),
+        "firing": sum(a["state"] == "firing" for a in alerts),
+        "pending": sum(a["state"] == "pending" for a in alerts),
+    }
+
+
 class StatusPage:
     """The WSGI app behind `/` and `/api/v1/status`."""
 
@@ -70,17 +194,24 @@ class StatusPage:
         telemetry_path: str,
         alerting: LocalAlerting | None,
         refresh_seconds: float,
+        *,
+        hostname: str | None = None,
+        scenario: str | None = None,
     ) -> None:
         self._latest = latest
         self._telemetry_path = telemetry_path
         self._alerting = alerting
         self._refresh = max(1.0, refresh_seconds)
+        self._hostname = hostname or socket.gethostname()
+        # The scenario of the simulated NVML this node reads (a SIMULATED banner), or None.
+        self._scenario = scenario
         self._lock = threading.Lock()
         self._verdicts: tuple[float, dict[str, Report]] = (0.0, {})
-        # DRAM bandwidth is a counter of seconds (the last-interval ratio is not in the default
-        # profile): its rate between the two last snapshots this page saw, per GPU.
-        self._dram: dict[str, tuple[float, float]] = {}
-        self._dram_ratio: dict[str, float] = {}
+        # Counters of seconds (DRAM bandwidth, a MIG instance's SM activity: their
+        # last-interval ratios are not in the default profile): their rate between the two last
+        # snapshots this page saw, per series.
+        self._counters: dict[str, tuple[float, float]] = {}
+        self._rates: dict[str, float] = {}
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         """Serve the page or its JSON."""
@@ -91,8 +222,14 @@ class StatusPage:
                 [("Content-Type", "application/json"), ("Cache-Control", "no-store")],
             )
             return [json.dumps(status).encode()]
-        start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
-        return [page(status, self._telemetry_path).encode()]
+        start_response(
+            "200 OK",
+            [("Content-Type", "text/html; charset=utf-8"), ("Cache-Control", "no-store")],
+        )
+        return [page(status, self._telemetry_path, now=time.time()).encode()]
+
+    def _thresholds(self) -> Thresholds | None:
+        return None if self._alerting is None else self._alerting.evaluator.thresholds
 
     def _reports(self, snapshot: Snapshot) -> dict[str, Report]:
         if self._alerting is None:
@@ -112,6 +249,8 @@ class StatusPage:
         snapshot = self._latest()
         document: dict[str, Any] = {
             "version": __version__,
+            "hostname": self._hostname,
+            "simulated": self._scenario,
             "refresh_seconds": self._refresh,
             "nvml": "starting",
             "updated_at": None,
@@ -119,6 +258,7 @@ class StatusPage:
             "alerts": [],
         }
         if snapshot is None:
+            document["summary"] = _summary(document)
             return document
         document["nvml"] = "up" if snapshot.nvml_up else "down"
         document["updated_at"] = snapshot.completed_at
@@ -127,48 +267,89 @@ class StatusPage:
         document["alerts"] = [_alert_json(a) for a in alerts if "gpu" not in a.labels]
         reports = self._reports(snapshot)
         history = list(snapshot_samples(snapshot))
+        now = snapshot.completed_at
         values = {
             "util": _by_gpu(history, "gpu_utilization_ratio"),
             "used": _by_gpu(history, "gpu_memory_used_bytes"),
             "total": _by_gpu(history, "gpu_memory_total_bytes"),
-            "dram": self._dram_rates(
-                snapshot.completed_at, _by_gpu(history, "gpu_dram_active_seconds_total")
-            ),
+            "dram": self._counter_rates(now, _by_gpu(history, "gpu_dram_active_seconds_total")),
             "memutil": _by_gpu(history, "gpu_memory_utilization_ratio"),
             "temp": _by_gpu(history, "gpu_temperature_celsius", sensor="gpu"),
             "shutdown": _by_gpu(history, "gpu_temperature_shutdown_threshold_celsius"),
             "slowdown": _by_gpu(history, "gpu_temperature_slowdown_threshold_celsius"),
             "power": _by_gpu(history, "gpu_power_usage_watts"),
             "limit": _by_gpu(history, "gpu_power_limit_watts"),
+            "sm_clock": _by_gpu(history, "gpu_clock_hertz", clock="sm"),
+            "sm_max": _by_gpu(history, "gpu_clock_max_hertz", clock="sm"),
+            "mig_mode": _by_gpu(history, "gpu_mig_mode_enabled"),
+            "last_xid": _by_gpu(history, "gpu_last_xid_code"),
         }
+        labelled = {
+            "events": _by_label(history, "gpu_clock_event_active", "reason"),
+            "xids": _by_label(history, "gpu_xid_errors_total", "xid"),
+        }
+        mig = self._mig_instances(now, history)
         for gpu in snapshot.gpus:
             key = str(gpu.index)
-            document["gpus"].append(
-                self._gpu(gpu.index, gpu.name, gpu.uuid, gpu, values, reports.get(key), alerts)
-            )
+            card = self._gpu(gpu, values, labelled, reports.get(key), alerts)
+            card["mig"] = mig.get(key, [])
+            card["severity"] = _severity(card)
+            document["gpus"].append(card)
+        document["summary"] = _summary(document)
         return document
 
-    def _dram_rates(self, now: float, seconds: dict[str, float]) -> dict[str, float]:
+    def _counter_rates(self, now: float, seconds: dict[str, float]) -> dict[str, float]:
         with self._lock:
-            for gpu, total in seconds.items():
-                before = self._dram.get(gpu)
+            for key, total in seconds.items():
+                before = self._counters.get(key)
                 if before is not None and now > before[0] and total >= before[1]:
-                    self._dram_ratio[gpu] = min(1.0, (total - before[1]) / (now - before[0]))
+                    self._rates[key] = min(1.0, (total - before[1]) / (now - before[0]))
                 if before is None or now > before[0]:
-                    self._dram[gpu] = (now, total)
-            return {gpu: self._dram_ratio[gpu] for gpu in seconds if gpu in self._dram_ratio}
+                    self._counters[key] = (now, total)
+            return {key: self._rates[key] for key in seconds if key in self._rates}
+
+    def _mig_instances(self, now: float, history: list[Sample]) -> dict[str, list[dict[str, Any]]]:
+        """GPU -> its MIG GPU instances, each with memory and SM activity bars."""
+        used = _mig(history, "gpu_mig_memory_used_bytes")
+        total = _mig(history, "gpu_mig_memory_total_bytes")
+        active = _mig(history, "gpu_mig_sm_active_seconds_total")
+        sm = self._counter_rates(now, {"mig/" + "/".join(key): v for key, v in active.items()})
+        memory_full = self._memory_full()
+        found: dict[str, list[dict[str, Any]]] = {}
+        for key in sorted({*used, *total, *active}, key=lambda k: (int(k[0]), int(k[1]))):
+            gpu, instance, profile = key
+            ratio = _ratio(used.get(key), total.get(key))
+            level = "warn" if ratio is not None and ratio > memory_full else "ok"
+            memory = _bar(
+                "Memory",
+                ratio,
+                f"{(used.get(key) or 0) / GIB:.1f} / {(total.get(key) or 0) / GIB:.1f} GiB",
+                level,
+                "nearly full" if level != "ok" else "",
+                memory_full,
+            )
+            activity = sm.get("mig/" + "/".join(key))
+            busy = _bar("SM active", activity, f"{(activity or 0) * 100:.0f}%")
+            found.setdefault(gpu, []).append(
+                {"instance": int(instance), "profile": profile, "bars": [memory, busy]}
+            )
+        return found
+
+    def _memory_full(self) -> float:
+        thresholds = self._thresholds()
+        if thresholds is None:
+            return MEMORY_FULL_ABOVE
+        return thresholds.alert("GPUMemoryNearlyFull").number("used_above")
 
     def _gpu(
         self,
-        index: int,
-        name: str,
-        uuid: str,
         gpu: Any,
         values: dict[str, dict[str, float]],
+        labelled: dict[str, dict[str, dict[str, float]]],
         report: Report | None,
         alerts: list[Alert],
     ) -> dict[str, Any]:
-        key = str(index)
+        key = str(gpu.index)
 
         def get(what: str) -> float | None:
             return values[what].get(key)
@@ -178,92 +359,193 @@ class StatusPage:
         bandwidth_name = "DRAM bandwidth" if bandwidth is not None else "Memory busy"
         if bandwidth is None:
             bandwidth = get("memutil")
-        temp, ceiling = get("temp"), get("shutdown") or get("slowdown")
-        power, limit = get("power"), get("limit")
+        events = labelled["events"].get(key, {})
+        throttles = [r for r in THROTTLE_REASONS if events.get(r)]
+        memory_ratio = _ratio(used, total)
+        memory_full = self._memory_full()
+        memory_level = "warn" if memory_ratio is not None and memory_ratio > memory_full else "ok"
         bars = [
             _bar("Utilization", get("util"), f"{(get('util') or 0) * 100:.0f}%"),
             _bar(
                 "Memory",
-                _ratio(used, total),
-                f"{(used or 0) / 2**30:.1f} / {(total or 0) / 2**30:.0f} GiB",
+                memory_ratio,
+                f"{(used or 0) / GIB:.1f} / {(total or 0) / GIB:.0f} GiB",
+                memory_level,
+                "nearly full" if memory_level != "ok" else "",
+                memory_full,
             ),
             _bar(bandwidth_name, bandwidth, f"{(bandwidth or 0) * 100:.0f}%"),
-            _bar(
-                "Temperature",
-                _ratio(temp, ceiling or 100.0),
-                f"{temp or 0:.0f} °C",
-            ),
-            _bar("Power", _ratio(power, limit), f"{power or 0:.0f} / {limit or 0:.0f} W"),
+            self._temperature(get("temp"), get("slowdown"), get("shutdown")),
+            self._power(get("power"), get("limit")),
+            _clock_bar(get("sm_clock"), get("sm_max"), throttles),
         ]
-        verdict = {"state": "unknown", "summary": "not enough samples yet", "healthy": True}
-        if report is not None:
-            verdict = {
-                "state": report.state,
-                "summary": report.findings[0].summary if report.findings else "",
-                "healthy": report.healthy,
-                "runbook_url": report.findings[0].runbook if report.findings else "",
-            }
+        xids = labelled["xids"].get(key, {})
         return {
-            "index": index,
-            "name": name,
-            "uuid": uuid,
+            "index": gpu.index,
+            "name": gpu.name,
+            "uuid": gpu.uuid,
             "state": "stale" if gpu.stale else "up" if gpu.up else "lost",
             "bars": bars,
-            "verdict": verdict,
+            "clock_events": [
+                {"reason": r, "text": THROTTLE_REASONS.get(r) or OTHER_REASONS.get(r, r)}
+                for r, active in events.items()
+                if active
+            ],
+            "throttled": bool(throttles),
+            "last_xid": int(get("last_xid") or 0),
+            "xids": {code: int(count) for code, count in sorted(xids.items()) if count},
+            "critical_xids": sorted(set(xids) & self._critical_xids()),
+            "mig_mode": bool(get("mig_mode")),
+            "verdict": _verdict(report, bool(get("mig_mode")), gpu.up),
             "alerts": [_alert_json(a) for a in alerts if a.labels.get("gpu") == key],
         }
 
+    def _critical_xids(self) -> set[str]:
+        thresholds = self._thresholds()
+        if thresholds is None:
+            return set()
+        return {str(code) for code in thresholds.alert("GPUXidError").xids()}
+
+    def _temperature(
+        self, temp: float | None, slowdown: float | None, shutdown: float | None
+    ) -> dict[str, Any]:
+        thresholds = self._thresholds()
+        margin, fallback = TEMPERATURE_MARGIN, TEMPERATURE_FALLBACK
+        if thresholds is not None:
+            high = thresholds.alert("GPUTemperatureHigh")
+            margin, fallback = high.number("margin_celsius"), high.number("fallback_celsius")
+        ceiling = shutdown or slowdown or 100.0
+        if temp is None:
+            return _bar("Temperature", None, "")
+        level, note = "ok", ""
+        if slowdown is not None and temp >= slowdown:
+            level, note = "crit", f"at slowdown {slowdown:.0f} °C"
+        elif temp >= (slowdown - margin if slowdown is not None else fallback):
+            level, note = "warn", f"near slowdown {slowdown or fallback:.0f} °C"
+        text = f"{temp:.0f} °C" + (f" / {slowdown:.0f}" if slowdown is not None else "")
+        mark = _ratio(slowdown, ceiling) if slowdown is not None else None
+        return _bar("Temperature", _ratio(temp, ceiling), text, level, note, mark)
+
+    def _power(self, power: float | None, limit: float | None) -> dict[str, Any]:
+        ratio = _ratio(power, limit)
+        text = f"{power or 0:.0f} / {limit or 0:.0f} W"
+        if ratio is not None and ratio >= POWER_AT_LIMIT:
+            return _bar("Power", ratio, text, "warn", "at the power limit", POWER_AT_LIMIT)
+        return _bar("Power", ratio, text)
+
+
+def _clock_bar(clock: float | None, maximum: float | None, throttles: list[str]) -> dict[str, Any]:
+    """SM clock / its maximum; held down when a throttle reason is active."""
+    ratio = _ratio(clock, maximum)
+    text = f"{(clock or 0) / 1e6:.0f} / {(maximum or 0) / 1e6:.0f} MHz"
+    if not throttles:
+        return _bar("SM clock", ratio, text)
+    note = "held down: " + ", ".join(THROTTLE_REASONS[r] for r in throttles)
+    return _bar("SM clock", ratio, text, "warn", note)
+
+
+def _verdict(report: Report | None, mig_mode: bool, up: bool) -> dict[str, Any]:
+    """The doctor's verdict in the page's words; a runbook only where something is wrong."""
+    if report is None or report.state == "unknown":
+        state = "unknown" if report is None else report.state
+        summary = "not enough samples yet"
+        if mig_mode and up:
+            # NVML reports no whole-GPU utilization in MIG mode: the doctor cannot judge it.
+            summary = "NVML reports no whole-GPU utilization; see its instances"
+        return {
+            "state": state,
+            "label": "MIG mode" if mig_mode and up else STATE_LABELS["unknown"],
+            "summary": summary,
+            "healthy": True,
+            "runbook_url": "",
+            "evidence": [],
+            "also": [],
+        }
+    finding = report.findings[0] if report.findings else None
+    healthy = report.healthy
+    summary = HEALTHY_WORDS.get(report.state, "") if healthy else ""
+    if not summary and finding is not None:
+        summary = finding.summary
+    return {
+        "state": report.state,
+        "label": STATE_LABELS.get(report.state, report.state),
+        "summary": summary,
+        "healthy": healthy,
+        "runbook_url": "" if healthy or finding is None else finding.runbook,
+        "evidence": [] if healthy or finding is None else list(finding.evidence),
+        "also": [
+            STATE_LABELS.get(f.state, f.state)
+            for f in report.findings[1:]
+            if f.state != report.state and f.state not in ("compute-bound", "busy", "idle")
+        ],
+    }
+
 
 _STYLE = """
-body{font-family:system-ui,sans-serif;margin:1.5em;background:#f6f7f9;color:#1d2430}
-header p{margin:.2em 0;color:#4a5568}
-#gpus{display:grid;grid-template-columns:repeat(auto-fill,minmax(19em,1fr));gap:1em;margin:1em 0}
-.card{background:#fff;border-radius:8px;padding:.8em 1em;border-left:6px solid #38a169;
+body{font-family:system-ui,sans-serif;margin:1.2em 1.5em;background:#f6f7f9;color:#1d2430}
+header h1{margin:0;font-size:1.6em}header h1 small{font-size:.55em;font-weight:normal;color:#4a5568}
+.meta{margin:.3em 0;color:#4a5568;font-size:.9em}
+.sim{margin:0 0 .6em;padding:.4em .8em;font-weight:700;letter-spacing:.04em;color:#1d2430;
+background:repeating-linear-gradient(135deg,#faf089 0 14px,#fefcbf 14px 28px);
+border:2px dashed #975a16;border-radius:6px}
+.nvml-down{margin:.4em 0;padding:.4em .8em;background:#c53030;color:#fff;font-weight:700;
+border-radius:6px}
+.summary{display:flex;flex-wrap:wrap;gap:.5em;margin:.6em 0;padding:0;list-style:none}
+.summary li{background:#fff;border:1px solid #cbd5e0;border-radius:1em;padding:.15em .8em;
+font-weight:600}.summary li.zero{color:#718096;font-weight:normal}
+.summary li.bad{background:#c53030;border-color:#c53030;color:#fff}
+.summary li.warn{background:#c05621;border-color:#c05621;color:#fff}
+#gpus{display:grid;grid-template-columns:repeat(auto-fill,minmax(26em,1fr));gap:1em;margin:1em 0}
+.card{background:#fff;border-radius:8px;padding:.7em 1em;border-left:8px solid #2f855a;
 box-shadow:0 1px 3px rgba(0,0,0,.12)}
-.card.finding{border-left-color:#dd6b20}.card.fault{border-left-color:#e53e3e}
-.card h2{font-size:1.05em;margin:0}.card h2 small{font-weight:normal;color:#4a5568}
-.uuid{font-family:monospace;font-size:.75em;color:#718096;margin:.2em 0 .5em}
-.verdict{font-weight:600;margin:.3em 0 .6em}
-.bar{display:grid;grid-template-columns:9em 1fr 7.5em;align-items:center;gap:.5em;
-font-size:.85em;margin:.25em 0}
-.track{background:#e2e8f0;border-radius:4px;height:.7em;overflow:hidden}
-.fill{background:#3182ce;height:100%}.bar b{font-weight:normal;text-align:right}
-.alerts{margin:.5em 0 0;padding-left:1.1em;font-size:.85em}.firing{color:#c53030}
-.pending{color:#975a16}table{border-collapse:collapse;font-size:.85em}
-td,th{padding:.2em .8em;text-align:left}
+.card.sev-warning{border-left-color:#c05621}
+.card.sev-unknown{border-left-color:#718096}
+.card.sev-fault{border-left-color:#c53030;background:#fff5f5;outline:2px solid #c53030}
+.card h2{font-size:1.05em;margin:0;display:flex;gap:.5em;align-items:baseline;flex-wrap:wrap}
+.card h2 small{font-weight:normal;color:#4a5568}
+.badge{font-size:.75em;padding:.1em .5em;border-radius:4px;color:#fff;background:#2f855a}
+.sev-warning .badge{background:#c05621}.sev-fault .badge{background:#c53030}
+.sev-unknown .badge{background:#718096}
+.uuid{font-family:monospace;font-size:.75em;color:#718096;margin:.2em 0 .4em}
+.verdict{margin:.3em 0}.evidence{margin:.1em 0 .4em;padding-left:1.2em;font-size:.85em}
+.bar{display:grid;grid-template-columns:9.2em 1fr 9em;align-items:center;gap:.5em;
+font-size:.85em;margin:.3em 0}
+.track{position:relative;background:#e2e8f0;border-radius:3px;height:.9em}
+.fill{background:#3182ce;height:100%;border-radius:3px}
+.warn .fill{background:#dd6b20}
+.crit .fill{background:repeating-linear-gradient(45deg,#c53030 0 5px,#822727 5px 10px)}
+.mark{position:absolute;top:-3px;bottom:-3px;width:2px;background:#1d2430}
+.bar b{font-weight:normal;text-align:right;white-space:nowrap}
+.bar.warn b,.bar.crit b{font-weight:700}.bar.crit b{color:#c53030}.bar.warn b{color:#9c4221}
+.note{grid-column:2/4;font-size:.9em;margin-top:-.3em}.crit .note{color:#c53030}
+.warn .note{color:#9c4221}
+.chips{font-size:.85em;margin:.4em 0}.chip{display:inline-block;border-radius:3px;
+padding:0 .4em;margin:0 .2em .2em 0;background:#edf2f7}.chip.warn{background:#feebc8;color:#7b341e}
+.chip.crit{background:#c53030;color:#fff}
+.lost{font-weight:700;color:#c53030}
+.mig{margin:.5em 0 0;border-top:1px solid #e2e8f0;padding-top:.3em}
+.mig h3{font-size:.85em;margin:.2em 0;color:#4a5568}
+.instance .bar+.bar span{padding-left:1em}
+ul.alerts{margin:.5em 0 0;padding-left:0;list-style:none;font-size:.85em}
+ul.alerts li{margin:.2em 0}.firing{color:#c53030}.pending{color:#975a16}
+#node-alerts{font-size:.95em}
+a{color:#2b6cb0}
 """
 
-# Renders the same cards from /api/v1/status; kept in step with _card() below.
+# Swaps in the page as the server renders it now: one renderer, no second copy in JavaScript.
 _SCRIPT = """
 (function(){
 var refreshes=0;
-function esc(s){return String(s==null?'':s).replace(/[&<>"']/g,function(c){
-return {'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;',"'":'&#39;'}[c];});}
-function card(g){
-var v=g.verdict,cls=g.state!=='up'||v.state==='hardware-fault'?'fault':(v.healthy?'':'finding');
-var h='<article class="card '+cls+'" data-gpu="'+g.index+'" data-verdict="'+esc(v.state)+'">';
-h+='<h2>GPU '+g.index+' <small>'+esc(g.name)+'</small></h2><p class="uuid">'+esc(g.uuid)+
-' &middot; '+esc(g.state)+'</p>';
-h+='<p class="verdict">'+esc(v.state)+': '+esc(v.summary)+'</p>';
-g.bars.forEach(function(b){var w=b.ratio==null?0:Math.round(b.ratio*100);
-h+='<div class="bar"><span>'+esc(b.name)+'</span><div class="track"><div class="fill" '+
-'style="width:'+w+'%"></div></div><b>'+esc(b.text)+'</b></div>';});
-if(g.alerts.length){h+='<ul class="alerts">';g.alerts.forEach(function(a){
-h+='<li class="'+esc(a.state)+'">'+esc(a.state)+' '+esc(a.alertname)+': '+esc(a.summary)+'</li>';});
-h+='</ul>';}
-return h+'</article>';}
-function alerts(list){return list.map(function(a){return '<li class="'+esc(a.state)+'">'+
-esc(a.state)+' '+esc(a.alertname)+': '+esc(a.description)+'</li>';}).join('');}
 function refresh(){
-fetch('/api/v1/status',{cache:'no-store'}).then(function(r){return r.json();}).then(function(s){
-document.getElementById('gpus').innerHTML=s.gpus.map(card).join('');
-document.getElementById('node-alerts').innerHTML=alerts(s.alerts);
-document.getElementById('nvml').textContent=s.nvml;
-document.getElementById('updated').textContent=s.updated_at?
-new Date(s.updated_at*1000).toLocaleTimeString():'pending';
+fetch('./',{cache:'no-store'}).then(function(r){if(!r.ok)throw r.status;return r.text();})
+.then(function(text){
+var doc=new DOMParser().parseFromString(text,'text/html');
+document.getElementById('live').innerHTML=doc.getElementById('live').innerHTML;
+document.title=doc.title;
 document.getElementById('connection').textContent='';
 refreshes+=1;document.body.setAttribute('data-refreshes',refreshes);
-}).catch(function(){document.getElementById('connection').textContent=' (disconnected)';});}
+}).catch(function(){document.getElementById('connection').textContent=
+'\\u2716 disconnected: showing the last page received';});}
 setInterval(refresh,REFRESH_MS);refresh();
 })();
 """
@@ -273,55 +555,219 @@ def _e(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _alert_item(alert: dict[str, Any], text: str) -> str:
+def _clock(at: float) -> str:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+    return f'<time datetime="{stamp}">{time.strftime("%H:%M:%S", time.gmtime(at))} UTC</time>'
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    if seconds < 86400:
+        return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+    return f"{seconds // 86400}d {seconds % 86400 // 3600}h"
+
+
+def _runbook(url: str) -> str:
+    return f' &middot; <a class="runbook" href="{_e(url)}">runbook</a>' if url else ""
+
+
+def _alert_item(alert: dict[str, Any], text: str, now: float) -> str:
     state = _e(alert["state"])
-    return f'<li class="{state}">{state} {_e(alert["alertname"])}: {_e(alert[text])}</li>'
-
-
-def _card(gpu: dict[str, Any]) -> str:
-    verdict = gpu["verdict"]
-    fault = gpu["state"] != "up" or verdict["state"] == "hardware-fault"
-    cls = "fault" if fault else ("" if verdict["healthy"] else "finding")
-    bars = "".join(
-        f'<div class="bar"><span>{_e(b["name"])}</span><div class="track"><div class="fill" '
-        f'style="width:{round((b["ratio"] or 0) * 100)}%"></div></div><b>{_e(b["text"])}</b></div>'
-        for b in gpu["bars"]
-    )
-    alerts = "".join(_alert_item(a, "summary") for a in gpu["alerts"])
+    symbol = "\u25cf" if alert["state"] == "firing" else "\u25cc"
+    severity = f" ({_e(alert['severity'])})" if alert["severity"] else ""
+    since = ""
+    if alert["since"] is not None:
+        since = f" &middot; for {_age(now - alert['since'])}, since {_clock(alert['since'])}"
     return (
-        f'<article class="card {cls}" data-gpu="{gpu["index"]}" '
-        f'data-verdict="{_e(verdict["state"])}">'
-        f"<h2>GPU {gpu['index']} <small>{_e(gpu['name'])}</small></h2>"
+        f'<li class="{state}" data-alert="{_e(alert["alertname"])}">{symbol} {state} '
+        f"<b>{_e(alert['alertname'])}</b>{severity}: {_e(alert[text])}{since}"
+        f"{_runbook(alert['runbook_url'])}</li>"
+    )
+
+
+def _bar_html(bar: dict[str, Any]) -> str:
+    level = bar["level"]
+    mark = ""
+    if bar["mark"] is not None:
+        mark = f'<i class="mark" style="left:{bar["mark"] * 100:.1f}%"></i>'
+    width = round((bar["ratio"] or 0) * 100)
+    note = f'<span class="note">{_e(bar["note"])}</span>' if bar["note"] else ""
+    return (
+        f'<div class="bar {level}" data-bar="{_e(bar["name"])}" data-level="{level}">'
+        f"<span>{_e(bar['name'])}</span>"
+        f'<div class="track"><div class="fill" style="width:{width}%"></div>{mark}</div>'
+        f"<b>{_e(bar['text'])}{LEVEL_SYMBOLS[level]}</b>{note}</div>"
+    )
+
+
+def _event_chip(event: dict[str, str]) -> str:
+    if event["reason"] in THROTTLE_REASONS:
+        return f'<span class="chip warn">\u25b2 {_e(event["text"])}</span>'
+    return f'<span class="chip">{_e(event["text"])}</span>'
+
+
+def _chips(gpu: dict[str, Any]) -> str:
+    """The active clock event reasons and the XIDs seen, as chips."""
+    events = "".join(_event_chip(event) for event in gpu["clock_events"])
+    line = ""
+    if gpu["state"] != "lost":
+        line = f'<p class="chips" data-clock-events>Clock events: {events or "none"}</p>'
+    if gpu["last_xid"] or gpu["xids"]:
+        counts = ", ".join(f"{code} \u00d7{count}" for code, count in gpu["xids"].items())
+        critical = gpu["critical_xids"] or (
+            [str(gpu["last_xid"])] if gpu["state"] != "up" and gpu["last_xid"] else []
+        )
+        cls = "crit" if critical else "warn"
+        symbol = "\u2716" if critical else "\u25b2"
+        text = f"XID {counts or gpu['last_xid']}"
+        if len(gpu["xids"]) > 1 and gpu["last_xid"]:
+            text += f" (last {gpu['last_xid']})"
+        line += f'<p class="chips" data-xid="{gpu["last_xid"]}"><span class="chip {cls}">'
+        line += f"{symbol} {_e(text)}</span></p>"
+    return line
+
+
+def _mig_html(gpu: dict[str, Any]) -> str:
+    if not gpu["mig"]:
+        return ""
+    # Without GPM (A100 and older) no instance has SM activity: said once, not per instance.
+    gpm = any(m["bars"][1]["ratio"] is not None for m in gpu["mig"])
+    rows = "".join(
+        f'<div class="instance" data-mig-instance="{m["instance"]}">'
+        + _bar_html({**m["bars"][0], "name": f"{m['profile']} #{m['instance']}"})
+        + (_bar_html({**m["bars"][1], "name": "SM active"}) if gpm else "")
+        + "</div>"
+        for m in gpu["mig"]
+    )
+    no_gpm = "" if gpm else " &middot; SM activity n/a (no GPM)"
+    return (
+        f'<section class="mig"><h3>{len(gpu["mig"])} MIG instances: memory'
+        f"{' and SM activity' if gpm else ''}{no_gpm}</h3>{rows}</section>"
+    )
+
+
+def _card(gpu: dict[str, Any], now: float) -> str:
+    verdict = gpu["verdict"]
+    severity = gpu["severity"]
+    _rank, symbol, word = SEVERITIES[severity]
+    evidence = "".join(f"<li>{_e(line)}</li>" for line in verdict["evidence"])
+    also = f" (also: {_e(', '.join(verdict['also']))})" if verdict["also"] else ""
+    if gpu["state"] == "lost":
+        bars = '<p class="lost">\u2716 lost: NVML answers GPU_IS_LOST, no readings</p>'
+    else:
+        bars = "".join(_bar_html(b) for b in gpu["bars"])
+    alerts = "".join(_alert_item(a, "summary", now) for a in gpu["alerts"])
+    return (
+        f'<article class="card sev-{severity}" data-gpu="{gpu["index"]}" '
+        f'data-verdict="{_e(verdict["state"])}" data-severity="{severity}" '
+        f'data-state="{_e(gpu["state"])}">'
+        f'<h2><span class="badge">{symbol} {word}</span> GPU {gpu["index"]} '
+        f"<small>{_e(gpu['name'])}</small></h2>"
         f'<p class="uuid">{_e(gpu["uuid"])} &middot; {_e(gpu["state"])}</p>'
-        f'<p class="verdict">{_e(verdict["state"])}: {_e(verdict["summary"])}</p>{bars}'
+        f'<p class="verdict"><strong>{_e(verdict["label"])}</strong>: {_e(verdict["summary"])}'
+        f"{also}{_runbook(verdict['runbook_url'])}</p>"
+        + (f'<ul class="evidence">{evidence}</ul>' if evidence else "")
+        + bars
+        + _chips(gpu)
+        + _mig_html(gpu)
         + (f'<ul class="alerts">{alerts}</ul>' if alerts else "")
         + "</article>"
     )
 
 
-def page(status: dict[str, Any], telemetry_path: str) -> str:
-    """The whole page, rendered on the server."""
-    cards = "".join(_card(gpu) for gpu in status["gpus"])
+def _summary_html(status: dict[str, Any]) -> str:
+    counts = status["summary"]
+    gpus = counts["gpus"]
+    items = [
+        ("gpus", f"{gpus} GPU{'s' if gpus != 1 else ''}", ""),
+        ("lost", f"\u2716 {counts['lost']} lost", "bad"),
+        ("stale", f"\u25b2 {counts['stale']} stale", "warn"),
+        ("faults", f"\u2716 {counts['faults']} fault{'s' if counts['faults'] != 1 else ''}", "bad"),
+        (
+            "warnings",
+            f"\u25b2 {counts['warnings']} warning{'s' if counts['warnings'] != 1 else ''}",
+            "warn",
+        ),
+        ("firing", f"\u25cf {counts['firing']} firing", "bad"),
+        ("pending", f"\u25cc {counts['pending']} pending", "warn"),
+    ]
+    chips = "".join(
+        f'<li class="{cls if counts[key] else "zero"}" data-count="{key}">{_e(text)}</li>'
+        for key, text, cls in items
+        if key != "stale" or counts[key]
+    )
+    attributes = " ".join(f'data-{key}="{value}"' for key, value in counts.items())
+    return f'<ul class="summary" id="summary" {attributes}>{chips}</ul>'
+
+
+def title(status: dict[str, Any]) -> str:
+    """The tab's title: what a person needs to tell nodes' tabs apart and spot a bad one."""
+    counts = status["summary"]
+    parts = [f"{counts[key]} {key}" for key in ("lost", "firing") if counts[key]]
+    if status["nvml"] == "down":
+        parts.insert(0, "NVML down")
+    if not parts:
+        problems = counts["faults"] + counts["warnings"]
+        parts = [f"{problems} need a look"] if problems else ["OK"]
+    simulated = "SIMULATED " if status["simulated"] else ""
+    return f"{simulated}{status['hostname']} \u00b7 {', '.join(parts)} \u00b7 gpuload"
+
+
+def _updated(status: dict[str, Any], now: float) -> str:
+    if status["updated_at"] is None:
+        return "pending"
+    return f"{_clock(status['updated_at'])} ({_age(now - status['updated_at'])} ago)"
+
+
+def page(status: dict[str, Any], telemetry_path: str, now: float | None = None) -> str:
+    """The whole page, rendered on the server; ``now`` dates the ages (default: the snapshot)."""
+    if now is None:
+        now = status["updated_at"] or 0.0
+    ordered = sorted(status["gpus"], key=lambda g: (SEVERITIES[g["severity"]][0], g["index"]))
+    cards = "".join(_card(gpu, now) for gpu in ordered)
     if not cards:
-        cards = (
-            "<p>first collection pending</p>" if status["updated_at"] is None else "<p>no GPUs</p>"
-        )
-    node_alerts = "".join(_alert_item(a, "description") for a in status["alerts"])
+        cards = "<p>no GPUs</p>"
+        if status["updated_at"] is None:
+            cards = "<p>first collection pending</p>"
+        elif status["nvml"] == "down":
+            cards = "<p>no GPU readings while NVML is down</p>"
+    node_alerts = "".join(_alert_item(a, "description", now) for a in status["alerts"])
     refresh_ms = int(status["refresh_seconds"] * 1000)
     path = _e(telemetry_path)
+    simulated = ""
+    if status["simulated"]:
+        simulated = (
+            f'<p class="sim" id="simulated">\u25a0 SIMULATED &middot; scenario '
+            f"{_e(status['simulated'])}: these GPUs are not real</p>"
+        )
+    nvml_down = ""
+    if status["nvml"] == "down":
+        nvml_down = (
+            '<p class="nvml-down" id="nvml-down">\u2716 NVML is down: no GPU can be read '
+            "(the driver is not loaded or does not answer; see the exporter's log)</p>"
+        )
     return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>gpuload</title>
+<html lang="en"><head><meta charset="utf-8"><title>{_e(title(status))}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <noscript><meta http-equiv="refresh" content="{max(2, refresh_ms // 1000 * 5)}"></noscript>
 <style>{_STYLE}</style></head><body data-refreshes="0">
-<header><h1>gpuload {_e(__version__)}</h1>
-<p>NVML: <span id="nvml">{_e(status["nvml"])}</span> &middot; updated
-<span id="updated">{"pending" if status["updated_at"] is None else "at first paint"}</span><span
-id="connection"></span> &middot; <a href="{path}">Metrics</a> &middot;
-<a href="/healthz">Health</a> &middot; <a href="/readyz">Readiness</a> &middot;
+<div id="live">
+<header>{simulated}
+<h1><span id="hostname">{_e(status["hostname"])}</span>
+<small>gpuload {_e(status["version"])}</small></h1>
+{_summary_html(status)}{nvml_down}
+<p class="meta">NVML: <span id="nvml">{_e(status["nvml"])}</span> &middot; updated
+<span id="updated">{_updated(status, now)}</span> &middot; <a href="{path}">Metrics</a>
+&middot; <a href="/healthz">Health</a> &middot; <a href="/readyz">Readiness</a> &middot;
 <a href="/api/v1/status">JSON</a></p></header>
 <ul class="alerts" id="node-alerts">{node_alerts}</ul>
 <main id="gpus">{cards}</main>
+</div>
+<p id="connection" class="firing"></p>
 <script>{_SCRIPT.replace("REFRESH_MS", str(refresh_ms))}</script>
 </body></html>
 """
