@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from helpers import ROOT
 from relay_helpers import start_relay_process, write_config
 
 from exporter.relay.config import ConfigError, load, startup_warnings
@@ -225,3 +228,79 @@ def test_relay_logs_one_warning_line_for_a_retired_connector(tmp_path: Path) -> 
     assert len(warnings) == 1, relay.log()
     assert "targets.old.url" in warnings[0] and "retired" in warnings[0]
     assert "0c1d" not in relay.log()  # the URL is a secret
+
+
+def test_every_missing_secret_is_named_in_one_run(tmp_path: Path) -> None:
+    path = tmp_path / "relay.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "web": {"listen_address": ":19401", "auth": {"bearer_token_env": "RELAY_TOKEN"}},
+                "targets": {
+                    "ops": {"type": "slack", "url_env": "SLACK_OPS_URL"},
+                    "pager": {"type": "pagerduty", "routing_key_file": "pd-key"},
+                },
+                "route": {"targets": ["ops"]},
+            }
+        )
+    )
+    with pytest.raises(ConfigError) as raised:
+        load(file=path, environ={})
+    # In the file's order (yaml.safe_dump sorts the keys: route, targets, web).
+    assert str(raised.value) == (
+        "config file: 3 secrets are missing: targets.ops.url_env: environment variable"
+        " SLACK_OPS_URL is not set; targets.pager.routing_key_file: cannot read"
+        f" {tmp_path / 'pd-key'} (No such file or directory); web.auth.bearer_token_env:"
+        " environment variable RELAY_TOKEN is not set"
+    )
+
+
+def test_a_relay_without_targets_refuses_to_start(tmp_path: Path) -> None:
+    path = tmp_path / "relay.yaml"
+    path.write_text(yaml.safe_dump({"web": {"listen_address": "127.0.0.1:0"}}))
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter", "relay", "--config", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        "gpuload relay: no targets: the relay would accept every notification and deliver none;"
+        " give at least one under `targets` (docs/relay.md, examples/relay-local.yaml)\n"
+    )
+
+
+def test_a_missing_queue_folder_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "relay.yaml"
+    queue = tmp_path / "no-such-folder" / "relay.db"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "web": {"listen_address": "127.0.0.1:0"},
+                "queue": {"path": str(queue)},
+                "targets": {"hook": {"type": "webhook", "url": "http://127.0.0.1:9/hook"}},
+                "route": {"targets": ["hook"]},
+            }
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter", "relay", "--config", str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert f"cannot open the queue {queue}: its folder {queue.parent} does not exist" in (
+        result.stderr
+    )
+
+
+def test_the_laptop_example_runs_as_it_is(tmp_path: Path) -> None:
+    config = load(file=ROOT / "examples" / "relay-local.yaml", environ={})
+    assert list(config.targets) == ["local-hook"]
+    assert config.web.listen_address == "127.0.0.1:19401"

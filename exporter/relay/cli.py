@@ -39,6 +39,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.relay_command == "test":
         return _test(settings, args.target)
+    if not settings.targets:
+        # It would accept every notification and deliver none: Alertmanager believes it sent.
+        print(
+            "gpuload relay: no targets: the relay would accept every notification and deliver "
+            "none; give at least one under `targets` (docs/relay.md, examples/relay-local.yaml)",
+            file=sys.stderr,
+        )
+        return 2
 
     from exporter import logs
     from exporter.relay.daemon import serve

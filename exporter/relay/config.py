@@ -265,6 +265,7 @@ def load(
             values["web.config_file"] = str(Path(file).parent / values["web.config_file"])
         security = load_web_config(values["web.config_file"], f"{source} web.config_file")
     secrets = _Secrets(Path(file).parent if file else Path.cwd(), environ)
+    _all_secrets_present(from_file, secrets, "")
     targets = _targets(from_file.get("targets"), secrets)
     route = _route(from_file.get("route", {}), "route", set(targets), top=True)
     if targets and not route.targets and not route.routes:
@@ -308,6 +309,7 @@ def load_section(
         except (TypeError, ValueError) as error:
             raise ConfigError(f"config file {path}.{key}: {raw!r} is not valid: {error}") from None
     secrets = _Secrets(base, environ)
+    _all_secrets_present(flat, secrets, f"{path}.")
     try:
         targets = _targets(flat.get("targets"), secrets)
         route = _route(flat.get("route", {}), "route", set(targets), top=True)
@@ -342,6 +344,37 @@ def queue_path(
             if name in (key, env_name(key)) and value is not None:
                 path = str(value)
     return path
+
+
+def _all_secrets_present(tree: Mapping[str, Any], secrets: _Secrets, prefix: str) -> None:
+    """Every ``*_env`` variable set and ``*_file`` readable, or one error naming all that are not.
+
+    Said once for all, not one per run: a first start usually lacks several.
+    """
+    missing = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                walk(value, f"{path}.{key}" if path else str(key))
+            return
+        if not isinstance(node, str) or not path.endswith(("_env", "_file")):
+            return
+        if path == "web.config_file":
+            return  # not a secret: load_web_config reads and checks it
+        try:
+            if path.endswith("_env"):
+                secrets._from_env(node, prefix + path)
+            else:
+                secrets._from_file(node, prefix + path)
+        except ConfigError as error:
+            missing.append(str(error).removeprefix("config file "))
+
+    walk(tree, "")
+    if len(missing) > 1:
+        raise ConfigError(f"config file: {len(missing)} secrets are missing: {'; '.join(missing)}")
+    if missing:
+        raise ConfigError(f"config file {missing[0]}")
 
 
 class _Secrets:

@@ -7,6 +7,7 @@ import signal
 import sqlite3
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 
 from exporter.relay import targets
@@ -107,7 +108,9 @@ def serve(config: RelayConfig, *, stop: threading.Event | None = None) -> int:
     try:
         relay = Relay(config)
     except sqlite3.Error as error:
-        log.error("cannot open the queue %s: %s", config.queue.path, error)
+        folder = Path(config.queue.path).resolve().parent
+        why = f"its folder {folder} does not exist" if not folder.is_dir() else str(error)
+        log.error("cannot open the queue %s: %s (set queue.path)", config.queue.path, why)
         return 1
     except OSError as error:
         log.error("cannot listen on %s: %s", config.web.listen_address, error.strerror or error)
