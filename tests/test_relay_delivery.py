@@ -762,3 +762,22 @@ def test_a_huge_answer_is_read_only_up_to_the_bound(tmp_path: Path, nodes: OpenN
         assert entry.attempts == 1
     finally:
         huge.close()
+
+
+def test_a_request_without_an_answer_says_why_in_words_never_the_url() -> None:
+    """A refused connection reads "connection refused", not "ConnectionError (no answer)"."""
+    import socket
+
+    import requests
+
+    from exporter.relay.delivery import _cause
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    try:
+        requests.post(f"http://127.0.0.1:{port}/secret-token-path", timeout=5)
+    except requests.RequestException as error:
+        assert _cause(error) == "connection refused"
+    else:
+        raise AssertionError("nothing should answer on that port")

@@ -11,10 +11,8 @@ alert is notified again every `alerting.repeat_interval`, as Alertmanager's repe
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
-import sqlite3
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
@@ -27,7 +25,7 @@ from exporter.collection import Snapshot
 if TYPE_CHECKING:
     # Only for its type: delivery (the relay's targets, jinja2, requests) is imported by the
     # daemon where alerting.delivery has targets, not by every exporter.
-    from exporter.alerting.notify import Notifier
+    from exporter.alerting.notify import AlertStore, Key, Notifier
 
 log = logging.getLogger(__name__)
 
@@ -41,67 +39,6 @@ def instance_label(listen_address: str, port: int) -> str:
     if host.strip("[]") in ("", "0.0.0.0", "::"):
         host = socket.gethostname()
     return f"{host}:{port}"
-
-
-Key = tuple[str, Labels]
-
-
-class AlertStore:
-    """The pending and firing local alerts, and when each was last notified, in SQLite."""
-
-    _SCHEMA = (
-        "CREATE TABLE IF NOT EXISTS local_alerts ("
-        " name TEXT NOT NULL, series TEXT NOT NULL, alert TEXT NOT NULL,"
-        " notified_at REAL, PRIMARY KEY (name, series))"
-    )
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._db = sqlite3.connect(path, check_same_thread=False, timeout=10)
-        with self._db:
-            self._db.execute(self._SCHEMA)
-
-    def load(self) -> tuple[list[tuple[Labels, Alert]], dict[Key, float]]:
-        """The alerts of the last save, and when each firing one was last notified."""
-        alerts, notified = [], {}
-        for name, series_text, alert_text, notified_at in self._db.execute(
-            "SELECT name, series, alert, notified_at FROM local_alerts"
-        ):
-            series = tuple((str(k), str(v)) for k, v in json.loads(series_text))
-            fields = json.loads(alert_text)
-            alerts.append((series, Alert(**fields)))
-            if notified_at is not None:
-                notified[(name, series)] = float(notified_at)
-        return alerts, notified
-
-    def save(self, active: Iterable[tuple[Labels, Alert]], notified: dict[Key, float]) -> None:
-        """Replace the saved alerts with ``active``."""
-        rows = [
-            (
-                alert.name,
-                json.dumps(series),
-                json.dumps(
-                    {
-                        "name": alert.name,
-                        "labels": dict(alert.labels),
-                        "annotations": dict(alert.annotations),
-                        "value": alert.value,
-                        "active_since": alert.active_since,
-                        "firing_since": alert.firing_since,
-                        "kept_since": alert.kept_since,
-                    }
-                ),
-                notified.get((alert.name, series)),
-            )
-            for series, alert in active
-        ]
-        with self._db:
-            self._db.execute("DELETE FROM local_alerts")
-            self._db.executemany("INSERT INTO local_alerts VALUES (?, ?, ?, ?)", rows)
-
-    def close(self) -> None:
-        """Close the database."""
-        self._db.close()
 
 
 class LocalAlerting:
@@ -133,6 +70,8 @@ class LocalAlerting:
         self._store: AlertStore | None = None
         self._saved: object = None
         if notifier is not None:
+            from exporter.alerting.notify import AlertStore
+
             self._store = AlertStore(notifier.queue.path)
             alerts, self._notified = self._store.load()
             # The rules need a whole window of samples again before a restored alert may resolve.
@@ -205,12 +144,8 @@ class LocalAlerting:
         ]
         if state == self._saved:
             return
-        try:
-            self._store.save(active, self._notified)
-        except sqlite3.Error as error:
-            log.warning("local alerting: cannot keep the alerts in %s: %s", self._store.path, error)
-            return
-        self._saved = state
+        if self._store.save(active, self._notified):
+            self._saved = state
 
     def alerts(self) -> list[Alert]:
         """The pending and firing alerts now."""

@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from exporter.alerting.evaluator import Alert
+from exporter.alerting.history import Labels
 from exporter.relay import payload, targets
 from exporter.relay.config import RelayConfig
 from exporter.relay.delivery import Worker
@@ -32,6 +33,8 @@ from exporter.relay.templates import MessageSettings
 log = logging.getLogger(__name__)
 
 RECEIVER = "gpuload-local"
+# A local alert's identity: its rule's name and its series.
+Key = tuple[str, Labels]
 _ZERO_TIME = "0001-01-01T00:00:00Z"
 
 
@@ -87,6 +90,69 @@ def _alert(alert: Alert, external_url: str) -> dict[str, Any]:
         "generatorURL": external_url,
         "fingerprint": fingerprint(labels),
     }
+
+
+class AlertStore:
+    """The pending and firing local alerts, and when each was last notified, in SQLite."""
+
+    _SCHEMA = (
+        "CREATE TABLE IF NOT EXISTS local_alerts ("
+        " name TEXT NOT NULL, series TEXT NOT NULL, alert TEXT NOT NULL,"
+        " notified_at REAL, PRIMARY KEY (name, series))"
+    )
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._db = sqlite3.connect(path, check_same_thread=False, timeout=10)
+        with self._db:
+            self._db.execute(self._SCHEMA)
+
+    def load(self) -> tuple[list[tuple[Labels, Alert]], dict[Key, float]]:
+        """The alerts of the last save, and when each firing one was last notified."""
+        alerts, notified = [], {}
+        for name, series_text, alert_text, notified_at in self._db.execute(
+            "SELECT name, series, alert, notified_at FROM local_alerts"
+        ):
+            series = tuple((str(k), str(v)) for k, v in json.loads(series_text))
+            fields = json.loads(alert_text)
+            alerts.append((series, Alert(**fields)))
+            if notified_at is not None:
+                notified[(name, series)] = float(notified_at)
+        return alerts, notified
+
+    def save(self, active: Iterable[tuple[Labels, Alert]], notified: dict[Key, float]) -> bool:
+        """Replace the saved alerts with ``active``; False (and a warning) if it cannot."""
+        rows = [
+            (
+                alert.name,
+                json.dumps(series),
+                json.dumps(
+                    {
+                        "name": alert.name,
+                        "labels": dict(alert.labels),
+                        "annotations": dict(alert.annotations),
+                        "value": alert.value,
+                        "active_since": alert.active_since,
+                        "firing_since": alert.firing_since,
+                        "kept_since": alert.kept_since,
+                    }
+                ),
+                notified.get((alert.name, series)),
+            )
+            for series, alert in active
+        ]
+        try:
+            with self._db:
+                self._db.execute("DELETE FROM local_alerts")
+                self._db.executemany("INSERT INTO local_alerts VALUES (?, ?, ?, ?)", rows)
+        except sqlite3.Error as error:
+            log.warning("local alerting: cannot keep the alerts in %s: %s", self.path, error)
+            return False
+        return True
+
+    def close(self) -> None:
+        """Close the database."""
+        self._db.close()
 
 
 class Notifier:

@@ -28,6 +28,7 @@ import logging
 import random
 import socket
 import sqlite3
+import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -422,8 +423,9 @@ class Worker:
         except requests.RequestException as error:
             if self._watchdog.expired:
                 return self._timed_out()
-            # The exception's text holds the URL, which is a secret for most targets.
-            return Outcome(False, True, f"{type(error).__name__} (no answer)")
+            # The exception's text holds the URL, which is a secret for most targets: only the
+            # cause, in words, from the socket error underneath.
+            return Outcome(False, True, f"no answer: {_cause(error)}")
         finally:
             _attempt.watchdog = None
             self._watchdog.disarm()
@@ -451,3 +453,29 @@ class Worker:
             }
             self._environment[origin] = settings
         return settings
+
+
+def _cause(error: BaseException) -> str:
+    """Why a request got no answer, in words (``connection refused``), never the URL."""
+    causes = (
+        (ConnectionRefusedError, "connection refused"),
+        (ConnectionResetError, "connection reset"),
+        (TimeoutError, "timed out"),
+        (socket.gaierror, "unknown host name"),
+        (ssl.SSLError, "TLS handshake failed"),
+    )
+    # requests wraps urllib3, which keeps the socket's error as `reason` or as the cause.
+    pending: list[BaseException] = [error]
+    seen: set[int] = set()
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        for kind, words in causes:
+            if isinstance(current, kind):
+                return words
+        linked = [current.__cause__, current.__context__, getattr(current, "reason", None)]
+        linked += [arg for arg in current.args if isinstance(arg, BaseException)]
+        pending += [item for item in linked if isinstance(item, BaseException)]
+    return type(error).__name__
