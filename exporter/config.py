@@ -9,6 +9,7 @@ error names the key path, where it came from and what was expected.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
@@ -109,8 +110,12 @@ _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 _ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-]*):(\d{1,5})$")
 
 
+# The longest duration any setting takes: a year (the relay's dead-letter retention is a week).
+MAX_DURATION_SECONDS = 366 * 86400.0
+
+
 def parse_duration(value: Any) -> float:
-    """Seconds from a number or a string like ``500ms``, ``1s``, ``2m``."""
+    """Seconds from a number or a string like ``500ms``, ``1s``, ``2m``: finite, up to a year."""
     if isinstance(value, bool):
         raise ValueError("expected a duration like 1s, 500ms or a number of seconds")
     if isinstance(value, int | float):
@@ -120,9 +125,57 @@ def parse_duration(value: Any) -> float:
         if not match:
             raise ValueError("expected a duration like 1s, 500ms or a number of seconds")
         seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-    if seconds <= 0:
-        raise ValueError("expected a duration above zero")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError("expected a duration above zero, like 1s, 500ms or 5m")
+    if seconds > MAX_DURATION_SECONDS:
+        raise ValueError("expected a duration of at most a year (8784h)")
     return seconds
+
+
+# Words in a key's name that say its value is a secret: such values are never shown in an error.
+_SECRET_WORDS = ("token", "secret", "password", "url", "credential", "key")
+
+
+def shown(key: str, value: Any) -> str:
+    """A value for an error message: repr(value), or only its kind for a key that names a secret."""
+    name = key.rsplit(".", 1)[-1].lower()
+    if any(word in name for word in _SECRET_WORDS):
+        return f"a {type(value).__name__} (not shown: the key names a secret)"
+    return repr(value)
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML without aliases, which no setting needs.
+
+    `*name` re-uses a node, and a few of them nested expand to gigabytes (a "billion laughs")
+    before any key is checked.
+    """
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.MarkedYAMLError(
+                problem="aliases (*name) are not accepted in a config file",
+                problem_mark=event.start_mark,
+            )
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """Parse a config file's YAML; an error says the line and the problem, never the text there.
+
+    Raises:
+        ConfigError: naming ``where`` and the line.
+    """
+    try:
+        return yaml.load(text, Loader=_NoAliasLoader)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = error.problem or error.context or "not valid YAML"
+        raise ConfigError(f"{where}: not valid YAML{at}: {problem}") from None
+    except yaml.YAMLError:
+        raise ConfigError(f"{where}: not valid YAML") from None
 
 
 def parse_bool(value: Any) -> bool:
@@ -241,11 +294,10 @@ def flatten(tree: Mapping[Any, Any], structures: Collection[str] = ()) -> dict[s
 def read_settings_file(path: Path, structures: Collection[str] = ()) -> dict[str, Any]:
     """A YAML settings file, flattened to key paths; errors name the file."""
     try:
-        tree = yaml.safe_load(path.read_text())
+        text = path.read_text()
     except OSError as error:
         raise ConfigError(f"config file {path}: cannot read it ({error.strerror})") from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"config file {path}: not valid YAML ({error})") from None
+    tree = load_yaml(text, f"config file {path}")
     if tree is None:
         return {}
     if not isinstance(tree, Mapping):
@@ -321,7 +373,9 @@ def load(
             try:
                 values[key] = parse(raw)
             except (TypeError, ValueError) as error:
-                raise ConfigError(f"{source} {key}: {raw!r} is not valid: {error}") from None
+                raise ConfigError(
+                    f"{source} {key}: {shown(key, raw)} is not valid: {error}"
+                ) from None
             sources[key] = source
     for key, value in values.items():
         parts = key.split(".")

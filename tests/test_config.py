@@ -100,3 +100,56 @@ def test_collect_timeout_defaults_below_the_interval(tmp_path: Path) -> None:
     settings = load(tmp_path, flags={"collect_interval": "2s"})
     assert settings.effective_collect_timeout == pytest.approx(1.6)
     assert load(tmp_path, flags={"collect_timeout": "5s"}).effective_collect_timeout == 5.0
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (".nan", "expected a duration above zero"),
+        (".inf", "expected a duration above zero"),
+        ("99999999999h", "expected a duration of at most a year"),
+        ("0s", "expected a duration above zero"),
+    ],
+)
+def test_durations_are_finite_and_bounded(tmp_path: Path, value: str, expected: str) -> None:
+    path = tmp_path / "gpuload.yaml"
+    path.write_text(f"collect_interval: {value}\n")
+    with pytest.raises(config.ConfigError, match=rf"config file collect_interval: .*{expected}"):
+        config.load(file=path)
+
+
+def test_yaml_aliases_are_refused_before_they_expand(tmp_path: Path) -> None:
+    # A "billion laughs": nine levels of nine aliases, 9**9 strings once expanded.
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for level, name in enumerate("bcdefghi"):
+        previous = "abcdefghi"[level]
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{previous}"] * 9) + "]")
+    path = tmp_path / "gpuload.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(config.ConfigError) as raised:
+        config.load(file=path)
+    assert str(raised.value) == (
+        f"config file {path}: not valid YAML at line 2, column 8: aliases (*name) are not"
+        " accepted in a config file"
+    )
+
+
+def test_a_yaml_error_names_the_line_and_never_shows_the_text(tmp_path: Path) -> None:
+    path = tmp_path / "relay.yaml"
+    secret = "https://hooks.slack.com/services/T000/B000/XXXXSECRET"
+    path.write_text(f"targets:\n  ops:\n    type: slack\n    url: {secret}\n   bad: [\n")
+    with pytest.raises(config.ConfigError) as raised:
+        config.read_settings_file(path)
+    assert "XXXXSECRET" not in str(raised.value)
+    assert str(raised.value).startswith(f"config file {path}: not valid YAML at line 5")
+
+
+def test_a_bad_value_of_a_secret_key_is_not_echoed(tmp_path: Path) -> None:
+    from exporter.relay.config import load as load_relay
+
+    path = tmp_path / "relay.yaml"
+    path.write_text("web:\n  auth:\n    bearer_token_file: [SECRET]\n")
+    with pytest.raises(config.ConfigError) as raised:
+        load_relay(file=path, environ={})
+    assert "SECRET" not in str(raised.value)
+    assert "web.auth.bearer_token_file" in str(raised.value)

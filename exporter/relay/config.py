@@ -29,6 +29,7 @@ from exporter.config import (
     parse_url_path,
     read_env,
     read_settings_file,
+    shown,
 )
 from exporter.config import env_name as settings_env_name
 from exporter.relay.arguments import DEFAULT_PORT
@@ -256,7 +257,9 @@ def load(
             try:
                 values[key] = parse(raw)
             except (TypeError, ValueError) as error:
-                raise ConfigError(f"{source} {key}: {raw!r} is not valid: {error}") from None
+                raise ConfigError(
+                    f"{source} {key}: {shown(key, raw)} is not valid: {error}"
+                ) from None
             sources[key] = source
     security = None
     if "web.config_file" in values:
@@ -307,7 +310,9 @@ def load_section(
         try:
             values[key] = parse(raw)
         except (TypeError, ValueError) as error:
-            raise ConfigError(f"config file {path}.{key}: {raw!r} is not valid: {error}") from None
+            raise ConfigError(
+                f"config file {path}.{key}: {shown(key, raw)} is not valid: {error}"
+            ) from None
     secrets = _Secrets(base, environ)
     _all_secrets_present(flat, secrets, f"{path}.")
     try:
@@ -400,7 +405,9 @@ class _Secrets:
         chosen = given[0]
         raw = values[chosen]
         if not isinstance(raw, str) or not raw:
-            raise ConfigError(f"config file {prefix}{chosen}: expected a string")
+            raise ConfigError(
+                f"config file {prefix}{chosen}: expected a string, got a {type(raw).__name__}"
+            )
         if chosen.endswith("_env"):
             return self._from_env(raw, f"{prefix}{chosen}")
         if chosen.endswith("_file"):
@@ -520,7 +527,9 @@ def _field(values: Mapping[str, Any], path: str, key: str, parse: Callable[[Any]
     try:
         return parse(raw)
     except (TypeError, ValueError) as error:
-        raise ConfigError(f"config file {path}.{key}: {raw!r} is not valid: {error}") from None
+        raise ConfigError(
+            f"config file {path}.{key}: {shown(key, raw)} is not valid: {error}"
+        ) from None
 
 
 _ROUTE_KEYS = {"matchers", "targets", "continue", "routes"}
