@@ -137,18 +137,7 @@ def _gpu_up(value: float) -> list[Sample]:
 def test_an_alert_is_pending_then_firing_then_resolved_through_the_relay_queue(
     tmp_path: Path, receiver: Receiver
 ) -> None:
-    (tmp_path / "gpuload.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "alerting": {
-                    "targets": {"hook": {"type": "webhook", "url": receiver.url}},
-                    "route": {"targets": ["hook"]},
-                    "queue": {"path": str(tmp_path / "alerts.db")},
-                }
-            }
-        )
-    )
-    settings = config.load(file=tmp_path / "gpuload.yaml")
+    settings = _delivering(tmp_path, receiver)
     assert settings.alerting.delivery is not None
     notifier = Notifier(settings.alerting.delivery, "http://n1:19400/")
     notifier.start()

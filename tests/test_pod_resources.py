@@ -440,6 +440,19 @@ def test_on_kubernetes_a_missing_socket_is_a_warning_and_up_0(
     assert f"no kubelet pod-resources socket at {missing}" in records[0].getMessage()
 
 
+def as_uid_10001(script: str) -> str:
+    """Run a Python script as the image's user, with no supplementary groups; its stdout."""
+    command = ["setpriv", "--reuid", "10001", "--regid", "10001", "--clear-groups"]
+    return subprocess.run(
+        [*command, sys.executable, "-c", script],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+
+
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
 )
@@ -468,48 +481,14 @@ def test_as_a_non_root_uid_the_kubelets_modes_forbid_the_socket_and_say_so() -> 
                 " if s.family == 'gpuload_kubernetes_pod_resources_up']\n"
                 "print('up', up)\n"
             )
-            as_user = subprocess.run(
-                [
-                    "setpriv",
-                    "--reuid",
-                    "10001",
-                    "--regid",
-                    "10001",
-                    "--clear-groups",
-                    sys.executable,
-                    "-c",
-                    probe,
-                ],
-                cwd=Path(__file__).resolve().parent.parent,
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=True,
-            ).stdout
+            as_user = as_uid_10001(probe)
             assert (
                 "WARNING collector kubernetes: on Kubernetes, but uid 10001 may not reach"
                 in as_user
             )
             assert "up [0]" in as_user
             folder.chmod(0o755)  # the folder reachable, the socket still root's 0755
-            as_user = subprocess.run(
-                [
-                    "setpriv",
-                    "--reuid",
-                    "10001",
-                    "--regid",
-                    "10001",
-                    "--clear-groups",
-                    sys.executable,
-                    "-c",
-                    probe,
-                ],
-                cwd=Path(__file__).resolve().parent.parent,
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=True,
-            ).stdout
+            as_user = as_uid_10001(probe)
             assert "uid 10001 may not connect to the kubelet's pod-resources socket" in as_user
             assert "up [0]" in as_user
         finally:

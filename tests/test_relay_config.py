@@ -255,17 +255,22 @@ def test_every_missing_secret_is_named_in_one_run(tmp_path: Path) -> None:
     )
 
 
-def test_a_relay_without_targets_refuses_to_start(tmp_path: Path) -> None:
-    path = tmp_path / "relay.yaml"
-    path.write_text(yaml.safe_dump({"web": {"listen_address": "127.0.0.1:0"}}))
-    result = subprocess.run(
-        [sys.executable, "-m", "exporter", "relay", "--config", str(path)],
+def relay_process(config: Path) -> subprocess.CompletedProcess[str]:
+    """`gpuload relay --config CONFIG` run to its end (it exits at once on these configs)."""
+    return subprocess.run(
+        [sys.executable, "-m", "exporter", "relay", "--config", str(config)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
+
+
+def test_a_relay_without_targets_refuses_to_start(tmp_path: Path) -> None:
+    path = tmp_path / "relay.yaml"
+    path.write_text(yaml.safe_dump({"web": {"listen_address": "127.0.0.1:0"}}))
+    result = relay_process(path)
     assert result.returncode == 2
     assert result.stderr == (
         "gpuload relay: no targets: the relay would accept every notification and deliver none;"
@@ -286,14 +291,7 @@ def test_a_missing_queue_folder_is_named(tmp_path: Path) -> None:
             }
         )
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "exporter", "relay", "--config", str(path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = relay_process(path)
     assert result.returncode == 1
     assert f"cannot open the queue {queue}: its folder {queue.parent} does not exist" in (
         result.stderr
