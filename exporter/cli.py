@@ -284,7 +284,9 @@ def _serve(args: argparse.Namespace) -> int:
             collector_options={name: spec.options for name, spec in REGISTRY.items()},
         )
     except config.ConfigError as error:
-        print(f"gpuload: {_flag_names(str(error))}", file=sys.stderr)
+        flags = {setting: flag for flag, (setting, _help) in _SERVE_FLAGS.items()}
+        named = config.with_flag_names(str(error), lambda key: flags.get(key, "--" + key))
+        print(f"gpuload: {named}", file=sys.stderr)
         return 2
     if settings.simulate.scenario:
         from exporter import sim
@@ -300,15 +302,6 @@ def _serve(args: argparse.Namespace) -> int:
 
     logs.setup(settings.log.level, settings.log.format)
     return serve(settings)
-
-
-def _flag_names(message: str) -> str:
-    """A config error about a flag names the flag as typed: "flag --sim.epoch", not its key."""
-    if not message.startswith("flag "):
-        return message
-    key, _, rest = message.removeprefix("flag ").partition(":")
-    flags = {setting: flag for flag, (setting, _help) in _SERVE_FLAGS.items()}
-    return f"flag {flags.get(key, '--' + key)}:{rest}"
 
 
 def _sim(args: argparse.Namespace) -> int:

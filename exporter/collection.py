@@ -212,7 +212,9 @@ class _Gpu:
     # (collector, read) that NVML refused (NO_PERMISSION), asked again with the unsupported.
     refused: set[tuple[str, str]] = field(default_factory=set)
     in_flight: Future[list[CollectorRun]] | None = None
-    current_collector: str = ""
+    # Where its collection is, for the log: None while queued (submitted, not begun), then the
+    # collector it is in, "" once every collector has returned.
+    current_collector: str | None = ""
     profiling: str = "none"
     retry: _Backoff = field(default_factory=_Backoff)
 
@@ -464,14 +466,30 @@ class Collection:
             for name, collector in self._node_collectors.items()
         ]
         widen_after = self._widen_after * (_SLOW_CYCLE_WORK if slow_due else 1)
-        while queue and time.monotonic() < deadline:
-            done, running = wait(running, timeout=widen_after, return_when=FIRST_COMPLETED)
-            starting, queue = (queue[: len(done)], queue[len(done) :]) if done else (queue, [])
+        while queue:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            waited = min(widen_after, left)
+            done, running = wait(running, timeout=waited, return_when=FIRST_COMPLETED)
+            if done:
+                starting, queue = queue[: len(done)], queue[len(done) :]
+            elif waited < left:  # none returned for widen_after: a slow or hung driver
+                starting, queue = queue, []
+            else:  # the timeout passed
+                break
             running |= {self._start(gpu, slow_due, pending) for gpu in starting}
-        # Past the timeout with GPUs not started (lanes that kept finishing, slowly): start them
-        # now, to be reported stale like any GPU that has not returned, not left out unseen.
+        # Past the timeout with GPUs not started (lanes that kept finishing, slowly, or hung):
+        # start them now, reported stale rather than left out unseen; what they return is
+        # picked up by the next cycle.
         for gpu in queue:
-            self._start(gpu, slow_due, pending)
+            self._start(gpu, slow_due, {})
+            self._problems.report(
+                ("stale", gpu.index),
+                "GPU %d: collection queued, not started within %.1fs",
+                gpu.index,
+                self._timeout,
+            )
         wait(pending, timeout=max(0.0, deadline - time.monotonic()))
         runs = list(node_runs)
         lost_driver = False
@@ -479,9 +497,9 @@ class Collection:
             if not future.done():
                 self._problems.report(
                     ("stale", gpu.index),
-                    "GPU %d: collector %s has not returned within %.1fs",
+                    "GPU %d: %s within %.1fs",
                     gpu.index,
-                    gpu.current_collector,
+                    _not_returned(gpu.current_collector),
                     self._timeout,
                 )
                 continue
@@ -499,6 +517,7 @@ class Collection:
         self, gpu: _Gpu, slow_due: bool, pending: dict[Future[list[CollectorRun]], _Gpu]
     ) -> Future[list[CollectorRun]]:
         assert self._workers is not None
+        gpu.current_collector = None  # until its worker begins
         future = gpu.in_flight = self._workers.submit(self._collect_gpu, gpu, slow_due)
         pending[future] = gpu
         return future
@@ -579,12 +598,18 @@ class Collection:
                 stale=gpu.in_flight is not None,
             )
             for gpu in self._gpus.values()
+            if self._nvml_up  # as the GPU series: none while NVML is down
         )
         return Snapshot(
             gpus, self._nvml_up, completed_at, tuple(runs), self._layout, tuple(families)
         )
 
     def _gpu_families(self) -> list[Metric]:
+        if not self._nvml_up:
+            # Without NVML nothing is known of any GPU: its series are absent (not gpu_up 0,
+            # which would say every GPU fell off the bus; not 1 from before the driver went).
+            # gpuload_nvml_up 0 says why.
+            return []
         info = GaugeMetricFamily(
             "gpu_info",
             "Identity of each GPU; always 1. Join on gpu/uuid for the model name "
@@ -646,7 +671,11 @@ class Collection:
         for run in runs:
             seconds[run.name] += run.seconds
         failed = self._account(runs)
-        stale = {gpu.current_collector for gpu in self._gpus.values() if gpu.in_flight}
+        stale = {
+            gpu.current_collector
+            for gpu in self._gpus.values()
+            if gpu.in_flight and gpu.current_collector
+        }
         for spec in self._specs:
             ok = spec.name not in failed and spec.name not in stale and self._nvml_up
             if ok:
@@ -778,6 +807,15 @@ _PERMISSION_HINT = (
     "NVML answers it only to a privileged caller: run gpuload as root (Helm: "
     "exporter.securityContext.runAsUser: 0 and runAsNonRoot: false) if you need it"
 )
+
+
+def _not_returned(collector: str | None) -> str:
+    """What a GPU's collection that has not returned is waiting on, naming the collector."""
+    if collector is None:
+        return "collection queued, not started"
+    if collector:
+        return f"collector {collector} has not returned"
+    return "collection has not returned after its last collector"
 
 
 def _describe_problem(run: CollectorRun, unexpected: list[NvmlError]) -> str:

@@ -136,6 +136,14 @@ def parse_duration(value: Any) -> float:
 _SECRET_WORDS = ("token", "secret", "password", "url", "credential", "key")
 
 
+def with_flag_names(message: str, flag_of: Callable[[str], str]) -> str:
+    """A config error about a flag, naming the flag as typed: "flag --sim.epoch", not its key."""
+    if not message.startswith("flag "):
+        return message
+    key, _, rest = message.removeprefix("flag ").partition(":")
+    return f"flag {flag_of(key)}:{rest}"
+
+
 def shown(key: str, value: Any) -> str:
     """A value for an error message: repr(value), or only its kind for a key that names a secret."""
     name = key.rsplit(".", 1)[-1].lower()

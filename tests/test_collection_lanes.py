@@ -7,6 +7,8 @@ records them (time, GPU) for every call that names a device handle.
 
 from __future__ import annotations
 
+import logging
+import re
 import textwrap
 import threading
 import time
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pynvml
+import pytest
 from helpers import Clock, parse_metrics, series, value_of
 from prometheus_client import generate_latest
 
@@ -281,3 +284,56 @@ def test_a_lost_gpu_is_retried_when_the_collection_clock_says_so_however_many_cy
     finally:
         collection.close()
         sim.uninstall()
+
+
+def test_a_gpu_queued_behind_hung_lanes_is_logged_as_queued_never_with_an_empty_name(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Both lanes hang in GPU 0's and GPU 1's power read until the test lets them go, and the
+    # cycle never widens: GPU 2 is still queued when the timeout passes.
+    faults = """
+        faults:
+          - {kind: hang, gpu: 0, call: nvmlDeviceGetPowerUsage, seconds: 30, at: 0, until: 30}
+          - {kind: hang, gpu: 1, call: nvmlDeviceGetPowerUsage, seconds: 30, at: 0, until: 30}
+        """
+    released = threading.Event()
+    clock = Clock(5.0)
+    sim.install(
+        _scenario(tmp_path, 3, "0", faults),
+        clock=clock,
+        epoch=0,
+        hang=lambda seconds: released.wait(seconds),
+    )
+    collection = Collection(
+        dict.fromkeys(REGISTRY, True), timeout=2.0, clock=clock, widen_after=_NEVER_WIDENS
+    )
+    caplog.set_level(logging.WARNING, logger="exporter.collection")
+    collectors = "|".join(map(re.escape, [*REGISTRY, "field values"]))
+    named = re.compile(
+        rf"GPU \d: (collector ({collectors}) has not returned"
+        r"|collection queued, not started) within"
+    )
+    try:
+        try:
+            samples = _samples(collection.run_cycle())
+            lines = [r.getMessage() for r in caplog.records if "within 2.0s" in r.getMessage()]
+            assert "GPU 2: collection queued, not started within 2.0s" in lines, lines
+            # Every line names the collector it waits for, or says the collection has not begun.
+            assert all(named.match(line) for line in lines), lines
+            stale = {dict(k)["gpu"]: v for k, v in series(samples, "gpuload_gpu_stale").items()}
+            assert stale == {"0": 1, "1": 1, "2": 1}
+        finally:
+            clock.now = 60.0  # the hung calls return into a scenario without the fault
+            released.set()
+        deadline = time.monotonic() + 30  # a bound on a broken run, not a speed
+        while value_of(samples, "gpu_utilization_ratio", **_labels(samples, "2")) is None:
+            assert time.monotonic() < deadline, "GPU 2 never collected"
+            samples = _samples(collection.run_cycle())
+    finally:
+        collection.close()
+        sim.uninstall()
+
+
+def _labels(samples: dict, gpu: str) -> dict[str, str]:
+    (labels,) = (dict(k) for k in series(samples, "gpu_up") if dict(k)["gpu"] == gpu)
+    return labels

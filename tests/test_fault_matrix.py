@@ -576,6 +576,9 @@ def test_driver_reload_mid_run_is_initialised_again_and_logged_once(cases) -> No
     during = case.samples_between(down.at, up.at)
     assert all(_nvml_up(s) == 0 for s in during)
     assert all(series(s, "gpu_utilization_ratio") == {} for s in during)
+    # Nothing is known of any GPU without NVML: not up (frozen from before), not lost.
+    for name in ("gpu_up", "gpu_info", "gpuload_gpu_stale"):
+        assert all(series(s, name) == {} for s in during), name
     # The failed initialisations are counted, one per backoff attempt (not one per cycle).
     attempts = _init_errors(during[-1], "driver_not_loaded")
     assert 1 <= attempts <= most_attempts(up.at - gone)

@@ -90,7 +90,7 @@ def kubelet_socket() -> Iterator[Path]:
 
 
 def start_prometheus(
-    tmp_path: Path, job: dict[str, Any], rules: dict[str, Any], start: Callable[..., Any]
+    tmp_path: Path, jobs: list[dict[str, Any]], rules: dict[str, Any], start: Callable[..., Any]
 ) -> str:
     port = free_port()
     rule_file = tmp_path / "rules.yml"
@@ -98,7 +98,7 @@ def start_prometheus(
     config = {
         "global": {"evaluation_interval": "1s"},
         "rule_files": [str(rule_file)],
-        "scrape_configs": [job],
+        "scrape_configs": jobs,
     }
     config_file = tmp_path / "prometheus.yml"
     config_file.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
@@ -122,9 +122,7 @@ def query(prometheus: str, expr: str) -> list[dict[str, Any]]:
     return found
 
 
-@pytest.mark.parametrize("honor", [True, False], ids=["chart", "honorLabels-false"])
 def test_the_rendered_monitor_attributes_gpus_to_the_workloads_pods(
-    honor: bool,
     tmp_path: Path,
     kubelet_socket: Path,
     daemon_factory: Callable[..., Daemon],
@@ -140,12 +138,15 @@ def test_the_rendered_monitor_attributes_gpus_to_the_workloads_pods(
         if o["kind"] == "Service" and o["metadata"]["name"] == monitor["metadata"]["name"]
     ]
     (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
-    if not honor:
-        # What the chart shipped before: the Operator's `pod`/`namespace` win over the exporter's.
-        monitor = copy.deepcopy(monitor)
-        monitor["spec"]["endpoints"][0]["honorLabels"] = False
-    else:
-        assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
+    # Beside it, what the chart shipped before (honorLabels false), scraping the same exporter
+    # under another job: the Operator's `pod`/`namespace` would win over the exporter's.
+    before = copy.deepcopy(monitor)
+    before["metadata"]["name"] = "before"
+    before["spec"]["endpoints"][0]["honorLabels"] = False
+    before["spec"]["endpoints"][0]["relabelings"].append(
+        {"targetLabel": "job", "replacement": "before"}
+    )
 
     config = tmp_path / "gpuload.yaml"
     config.write_text(
@@ -175,37 +176,37 @@ def test_the_rendered_monitor_attributes_gpus_to_the_workloads_pods(
         address = probe.url.removeprefix("http://").rstrip("/")
         prometheus = start_prometheus(
             tmp_path,
-            operator_job(monitor, service, address),
+            [operator_job(monitor, service, address), operator_job(before, service, address)],
             {"groups": rule["spec"]["groups"]},
             processes,
         )
+        wait_until(lambda: len(query(prometheus, "up == 1")) == 2, what="both jobs scraped")
+        # The join docs/kubernetes.md documents, on the chart's job.
+        (job,) = {r["metric"]["job"] for r in query(prometheus, "up")} - {"before"}
         join = (
-            "gpu_utilization_ratio * on (instance, gpu, uuid) group_left (namespace, pod)"
-            " gpu_pod_info"
+            f'gpu_utilization_ratio{{job="{job}"}} * on (instance, gpu, uuid)'
+            f' group_left (namespace, pod) gpu_pod_info{{job="{job}"}}'
         )
+        wait_until(lambda: len(query(prometheus, join)) == 3, what="three GPUs joined to pods")
         wait_until(
-            lambda: query(prometheus, join) != [] or query(prometheus, "gpu_pod_info") != [],
-            what="the first scrapes",
+            lambda: len(query(prometheus, 'gpu_pod_info{job="before"}')) == 3,
+            what="the same allocations under the old settings",
         )
-        wait_until(lambda: len(query(prometheus, "gpu_pod_info")) == 3, what="three allocations")
-        found = sorted(
-            (r["metric"]["gpu"], r["metric"].get("namespace"), r["metric"].get("pod"))
-            for r in query(prometheus, "gpu_pod_info")
+        joined = sorted(
+            (r["metric"]["gpu"], r["metric"]["namespace"], r["metric"]["pod"])
+            for r in query(prometheus, join)
         )
-        exported = {r["metric"].get("exported_pod") for r in query(prometheus, "gpu_pod_info")}
+        old = query(prometheus, 'gpu_pod_info{job="before"}')
+        ups = {r["metric"]["job"]: r["metric"] for r in query(prometheus, "up")}
     finally:
         kubelet.stop()
-    if honor:
-        assert found == [
-            ("0", "ml", "train-0"),
-            ("1", "ml", "train-0"),
-            ("5", "research", "notebook-3"),
-        ]
-        assert exported == {None}
-        # The chart's relabelling: the node, as `node` and as `instance`.
-        (up,) = query(prometheus, "up")
-        assert up["metric"]["instance"] == NODE and up["metric"]["node"] == NODE
-    else:
-        # The defect the chart's honorLabels fixes: every GPU "belongs" to the exporter's pod.
-        assert {pod for _, _, pod in found} == {EXPORTER_POD}
-        assert exported == {"train-0", "notebook-3"}
+    assert joined == [
+        ("0", "ml", "train-0"),
+        ("1", "ml", "train-0"),
+        ("5", "research", "notebook-3"),
+    ]
+    # The chart's relabelling: the node, as `node` and as `instance`.
+    assert ups[job]["instance"] == NODE and ups[job]["node"] == NODE
+    # The defect the chart's honorLabels fixes: every GPU "belongs" to the exporter's pod.
+    assert {r["metric"]["pod"] for r in old} == {EXPORTER_POD}
+    assert {r["metric"]["exported_pod"] for r in old} == {"train-0", "notebook-3"}

@@ -378,13 +378,13 @@ def test_password_and_hash_never_reach_logs_or_metrics(pki: PKI, guarded: Proces
 
 
 @pytest.fixture
-def bcrypt_checks(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """The passwords bcrypt checks from now on (it still checks them)."""
-    checked: list[bytes] = []
+def bcrypt_checks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bytes, bytes]]:
+    """(password, hash) of each bcrypt check from now on (bcrypt still checks them)."""
+    checked: list[tuple[bytes, bytes]] = []
     check = bcrypt.checkpw
 
     def counted(password: bytes, hashed: bytes) -> bool:
-        checked.append(password)
+        checked.append((password, hashed))
         return check(password, hashed)
 
     monkeypatch.setattr(bcrypt, "checkpw", counted)
@@ -396,7 +396,9 @@ def ok_app(environ: dict[str, Any], respond: Callable[..., Any]) -> list[bytes]:
     return [b"ok"]
 
 
-def test_scrapes_after_the_first_skip_bcrypt(tmp_path: Path, bcrypt_checks: list[bytes]) -> None:
+def test_scrapes_after_the_first_skip_bcrypt(
+    tmp_path: Path, bcrypt_checks: list[tuple[bytes, bytes]]
+) -> None:
     # The server the exporter and the relay serve with, on a web config with basic auth.
     path = write_web_config(tmp_path, {"basic_auth_users": {"prometheus": HASH}})
     server = Server("127.0.0.1:0", ok_app, webconfig.load(path))
@@ -409,10 +411,12 @@ def test_scrapes_after_the_first_skip_bcrypt(tmp_path: Path, bcrypt_checks: list
     finally:
         server.stop()
     # One bcrypt check, the first scrape's: the 20 after it are known by their hash.
-    assert bcrypt_checks == [PASSWORD.encode()]
+    assert [password for password, _ in bcrypt_checks] == [PASSWORD.encode()]
 
 
-def test_a_successful_bcrypt_check_is_cached(tmp_path: Path, bcrypt_checks: list[bytes]) -> None:
+def test_a_successful_bcrypt_check_is_cached(
+    tmp_path: Path, bcrypt_checks: list[tuple[bytes, bytes]]
+) -> None:
     path = write_web_config(tmp_path, {"basic_auth_users": {"alice": HASH}})
     guard = webconfig.Guard(ok_app, webconfig.Watcher(webconfig.load(path)))
     statuses: list[str] = []
@@ -435,6 +439,44 @@ def test_a_successful_bcrypt_check_is_cached(tmp_path: Path, bcrypt_checks: list
     ask("mallory", PASSWORD)
     assert len(bcrypt_checks) == 4
     assert statuses == ["200 OK"] * 11 + ["401 Unauthorized"] * 3
+
+
+def _cost(hashed: bytes | str) -> int:
+    """The cost of a bcrypt hash: ``$2b$12$...`` -> 12."""
+    text = hashed.decode() if isinstance(hashed, bytes) else hashed
+    return int(text.split("$")[2])
+
+
+def test_an_unknown_user_is_checked_at_the_highest_cost_of_the_users(
+    tmp_path: Path, bcrypt_checks: list[tuple[bytes, bytes]]
+) -> None:
+    # bcrypt's time doubles with each step of cost: a dummy hash at a fixed 10 answered an
+    # unknown user ~4 times faster than a user whose hash is at 12. Hashes of the two costs
+    # (HASH's salt and digest with its cost changed: the checks read the cost from the hash).
+    at_10, at_12 = f"$2b$10${HASH[7:]}", f"$2b$12${HASH[7:]}"
+    path = write_web_config(tmp_path, {"basic_auth_users": {"alice": at_10, "bob": at_12}})
+    security = webconfig.load(path)
+    guard = webconfig.Guard(ok_app, webconfig.Watcher(security))
+    statuses: list[str] = []
+    environ = {
+        "PATH_INFO": "/metrics",
+        "HTTP_AUTHORIZATION": basic("mallory", "x")["Authorization"],
+    }
+    guard(environ, lambda status, headers, *rest: statuses.append(status))
+    assert statuses == ["401 Unauthorized"]
+    # One bcrypt check, at the highest cost, against the hash chosen once at load.
+    assert [(password, _cost(hashed)) for password, hashed in bcrypt_checks] == [(b"x", 12)]
+    assert bcrypt_checks[0][1] == security.unknown_user_hash
+    assert security.unknown_user_hash not in (at_10.encode(), at_12.encode())
+
+
+@pytest.mark.parametrize(("costs", "expected"), [((4,), 4), ((10, 12), 12), ((13, 5, 11), 13)])
+def test_the_unknown_users_hash_takes_the_highest_cost_whatever_the_order(
+    tmp_path: Path, costs: tuple[int, ...], expected: int
+) -> None:
+    users = {f"user{i}": f"$2b${cost:02d}${HASH[7:]}" for i, cost in enumerate(costs)}
+    path = write_web_config(tmp_path, {"basic_auth_users": users})
+    assert _cost(webconfig.load(path).unknown_user_hash) == expected
 
 
 @pytest.fixture(scope="module")
@@ -553,7 +595,13 @@ def test_relay_serves_tls_and_basic_auth_from_its_config(
         {"tls_server_config": tls_section(pki), "basic_auth_users": {"alertmanager": HASH}},
     )
     relay_file = write_config(
-        tmp_path, {"web": {"listen_address": "127.0.0.1:0", "config_file": "web.yml"}}
+        tmp_path,
+        {
+            "web": {"listen_address": "127.0.0.1:0", "config_file": "web.yml"},
+            # A relay refuses to start without a target; this one is never reached.
+            "targets": {"hook": {"type": "webhook", "url": "http://127.0.0.1:9/hook"}},
+            "route": {"targets": ["hook"]},
+        },
     )
     running = processes("relay", "--config", str(relay_file))
     assert running.url.startswith("https://")
@@ -747,7 +795,7 @@ def test_a_bad_web_config_exits_2_naming_the_key(tmp_path: Path, command: str) -
         timeout=30,
     )
     assert result.returncode == 2, result.stderr
-    assert "flag web.config_file:" in result.stderr
+    assert "flag --web.config.file:" in result.stderr
     assert "tls_server_config.min_version: 'SSL3' is not valid" in result.stderr
 
 

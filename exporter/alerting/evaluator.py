@@ -37,7 +37,8 @@ NOT_LOCAL: Mapping[str, str] = {
     "GPULoadExporterAbsent": "it is Prometheus's `up` and kube-state-metrics: an exporter that is "
     "not running evaluates nothing",
     "GPUCountDropped": "it compares with the GPUs reported before a restart, which a restarted "
-    "exporter no longer has (gpuload never drops a GPU while it runs: a lost one reads gpu_up 0)",
+    "exporter no longer has (while it runs, gpuload drops no GPU: a lost one reads gpu_up 0, "
+    "and while NVML is down every GPU is absent, which GPULoadNVMLDown reports)",
     "GPUVanished": "the same: a GPU goes missing only across a restart of the exporter",
 }
 # Parts of alerts that cannot be evaluated locally, though the alert is.

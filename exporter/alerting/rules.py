@@ -819,6 +819,8 @@ def inventory_group(thresholds: Thresholds) -> dict[str, Any]:
                     "unless on (instance, job, uuid) gpu_up\n"
                     # A lost GPU read after a restart has no UUID: GPUFellOffBus names it.
                     "unless on (instance, job, gpu) gpu_up == 0\n"
+                    # While NVML is down every GPU's series are absent: GPULoadNVMLDown says so.
+                    "unless on (instance, job) gpuload_nvml_up == 0\n"
                     f"and on (instance, job) {exporter_up}"
                 ),
                 "A GPU is no longer reported",

@@ -13,8 +13,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from exporter.config import with_flag_names
 from exporter.relay import config
-from exporter.relay.arguments import FLAGS
+from exporter.relay.arguments import FLAGS, flag_name
 
 if TYPE_CHECKING:
     from exporter.relay.payload import Notification
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
             return _queue(args, config.queue_path(file=file, environ=os.environ, flags=flags))
         settings = config.load(file=file, environ=os.environ, flags=flags)
     except config.ConfigError as error:
-        print(f"gpuload relay: {error}", file=sys.stderr)
+        print(f"gpuload relay: {with_flag_names(str(error), flag_name)}", file=sys.stderr)
         return 2
     if args.relay_command == "test":
         return _test(settings, args.target)

@@ -104,8 +104,9 @@ _HEADERS: dict[str, tuple[str, ...] | None] = {
     "Strict-Transport-Security": None,
 }
 _BCRYPT = re.compile(rb"^\$2[abxy]?\$(0[4-9]|[12]\d|3[01])\$[./A-Za-z0-9]{53}$")
-# Checked for unknown users so that the answer takes as long as for a known one.
-_DUMMY_HASH = b"$2b$10$8TU9MagyLROAYZbyi833AeJeVxvMJyKwXBYcnrvj/iecWIVOawNay"
+# Salt and digest of the hash an unknown user is checked against, so that the answer takes as
+# long as for a known one; its cost is the users' highest (`_unknown_user_hash`).
+_DUMMY_SALT_AND_DIGEST = b"8TU9MagyLROAYZbyi833AeJeVxvMJyKwXBYcnrvj/iecWIVOawNay"
 # A refused request's body up to this size is read before answering: closing a socket with
 # unread data resets the connection, and the client may lose the 401 (Go's server does the same).
 _DRAIN_LIMIT = 256 * 1024
@@ -137,6 +138,8 @@ class WebSecurity:
     headers: tuple[tuple[str, str], ...]
     # What the files this reading came from looked like, to notice changes.
     stamp: tuple[Any, ...] = field(repr=False, compare=False)
+    # What an unknown user's password is checked against: a hash at the users' highest cost.
+    unknown_user_hash: bytes = field(repr=False, compare=False)
 
     @property
     def authenticates(self) -> bool:
@@ -220,7 +223,14 @@ def _load(path: Path) -> WebSecurity:
     headers = _headers(tree.get("http_server_config"))
     # The config file's stamp from before it was read: a change while reading reloads again.
     stamp = before + _stamp(_named_files(tls))
-    return WebSecurity(path=path, tls=tls, users=users, headers=headers, stamp=stamp)
+    return WebSecurity(
+        path=path,
+        tls=tls,
+        users=users,
+        headers=headers,
+        stamp=stamp,
+        unknown_user_hash=_unknown_user_hash(users),
+    )
 
 
 def _check_mapping(value: Any, key: str) -> None:
@@ -391,6 +401,17 @@ def _users(tree: Any) -> dict[str, bytes]:
     return users
 
 
+def _unknown_user_hash(users: Mapping[str, bytes]) -> bytes:
+    """A hash no password matches, at the highest cost of the users' hashes.
+
+    bcrypt's time doubles with each step of cost: checking a password against a hash of
+    another cost than the users' would tell, by its time, that the user does not exist. The
+    cost is read from each hash (``$2b$12$...``); nothing is hashed here.
+    """
+    cost = max((int(hashed.split(b"$")[2]) for hashed in users.values()), default=10)
+    return b"$2b$%02d$%s" % (cost, _DUMMY_SALT_AND_DIGEST)
+
+
 def _headers(tree: Any) -> tuple[tuple[str, str], ...]:
     if tree is None:
         return ()
@@ -542,7 +563,7 @@ class Guard:
             return start_response(status, [*headers, *extra], *exc_info)
 
         guarded = security.users and environ.get("PATH_INFO", "/") not in OPEN_PATHS
-        if guarded and not self._authorized(security.users, environ.get("HTTP_AUTHORIZATION", "")):
+        if guarded and not self._authorized(security, environ.get("HTTP_AUTHORIZATION", "")):
             _drain(environ)
             respond(
                 "401 Unauthorized",
@@ -554,7 +575,7 @@ class Guard:
             return [b"unauthorized: send a user and password of basic_auth_users\n"]
         return self._app(environ, respond)
 
-    def _authorized(self, users: Mapping[str, bytes], header: str) -> bool:
+    def _authorized(self, security: WebSecurity, header: str) -> bool:
         scheme, _, encoded = header.strip().partition(" ")
         if scheme.lower() != "basic":
             return False
@@ -565,9 +586,9 @@ class Guard:
         user, colon, password = decoded.partition(b":")
         if not colon:
             return False
-        hashed, known = _DUMMY_HASH, False
+        hashed, known = security.unknown_user_hash, False
         # Every name is compared, in constant time: the time says nothing about which exist.
-        for name, candidate in users.items():
+        for name, candidate in security.users.items():
             if hmac.compare_digest(name.encode(), user):
                 hashed, known = candidate, True
         key = hashlib.sha256(b"\0".join((user, hashed, password))).digest()
