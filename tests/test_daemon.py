@@ -8,9 +8,10 @@ import logging
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
-from helpers import ROOT, series, value_of, wait_until
+from helpers import ROOT, Daemon, free_port, series, value_of, wait_until
 
 
 def test_without_nvml_the_daemon_stays_up_and_says_why(daemon_factory) -> None:
@@ -174,3 +175,9 @@ def test_repeated_scheduler_warnings_are_let_through_once_per_interval() -> None
         False,
         True,
     ]
+
+
+def test_listening_on_every_interface_says_so(daemon_factory: Callable[..., Daemon]) -> None:
+    port = free_port()
+    daemon = daemon_factory("--simulate", "idle", "--web.listen-address", f":{port}")
+    assert f"listening on http://127.0.0.1:{port}/ on every interface" in daemon.log()
