@@ -248,13 +248,12 @@ def test_mig_instances_with_gpm_are_judged_one_by_one(verdicts) -> None:
     for small in (instances[3], instances[4]):
         assert small["mig_profile"] == "2g.20gb"
         assert small["figures"]["sm_active_mean"] == pytest.approx(0.25, abs=0.02)
-        # DRAM at GPUMemoryBandwidthBound's 60% exactly: either side of it by the window's edges.
-        assert small["figures"]["dram_active_mean"] == pytest.approx(0.60, abs=0.02)
-        assert small["state"] in ("busy", "memory-bandwidth-bound")
+        # DRAM at 55%, below GPUMemoryBandwidthBound's 60%: busy, not bandwidth-bound.
+        assert small["figures"]["dram_active_mean"] == pytest.approx(0.55, abs=0.02)
+        assert small["state"] == "busy"
     # The GPU's state is its most serious instance's; the exit code follows.
-    worst = "memory-bandwidth-bound" if instances[3]["state"] != "busy" else "busy"
-    assert gpu["state"] == worst
-    assert code == report["exit_code"] == (1 if worst != "busy" else 0), err
+    assert gpu["state"] == "busy"
+    assert code == report["exit_code"] == 0, err
     assert gpu["summary"].startswith("MIG instance ")
 
 
