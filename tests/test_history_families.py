@@ -34,9 +34,8 @@ def test_a_history_with_declared_names_refuses_any_other() -> None:
 @pytest.mark.parametrize(
     ("scenario", "times"),
     [
-        # The window rates exist once a whole window (5m) is scraped; GPUUtilizationLow then
-        # fires after its `for:` (5m).
-        ("data-starved", range(0, 700, 10)),
+        # GPUUtilizationLow holds from the first whole minute and fires after its `for:` (5m).
+        ("data-starved", range(0, 400, 10)),
         ("thermal-throttle", range(0, 400, 10)),
         ("memory-bound", range(0, 400, 10)),
         ("ecc-remap", range(0, 400, 10)),
