@@ -816,3 +816,25 @@ def test_basic_auth_over_plain_http_guards_every_scrape(
         assert allowed.status_code == 200 and "gpu_up" in allowed.text
         refused = requests.get(running.url + "metrics", headers=accept, timeout=5)
         assert refused.status_code == 401 and "gpu_" not in refused.text
+
+
+def test_clients_that_give_up_mid_request_cost_no_traceback(pki: PKI, guarded: Process) -> None:
+    """A TLS client that sends part of a head and closes costs no traceback on stderr.
+
+    It is the client's doing, and a traceback is 35 lines outside the log format for each.
+    """
+    host, port = guarded.url.removeprefix("https://").rstrip("/").rsplit(":", 1)
+    context = ssl.create_default_context(cafile=str(pki.ca.cert_file))
+    before = guarded.log().count("Traceback")
+    for _ in range(20):
+        # Gone after part of a head, without TLS's close_notify: the server's read hits an EOF.
+        with socket.create_connection((host, int(port)), timeout=10) as plain:
+            wrapped = context.wrap_socket(plain, server_hostname=host)
+            wrapped.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+    # The exporter is still serving, and said nothing with a traceback.
+    wait_until(
+        lambda: requests.get(guarded.url + "healthz", verify=pki.ca.cert_file, timeout=5).ok,
+        what="the exporter answering",
+    )
+    time.sleep(1)  # whatever the front would print about those connections, it has by now
+    assert guarded.log().count("Traceback") == before, guarded.log()[-3000:]
