@@ -357,3 +357,22 @@ def test_requests_other_than_a_held_scrape_are_answered_as_before(daemon: Daemon
     assert head.startswith(b"HTTP/1.1 200 OK\r\n") and head.endswith(b"\r\n\r\n")
     bad = _raw_scrape(daemon.url, b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n")
     assert bad.startswith(b"HTTP/1.1 400 ")
+
+
+def test_while_the_front_restarts_a_scrape_gets_503_at_once(tmp_path: Path) -> None:
+    """Not a scrape left in the listen backlog until its timeout: the restart delay grows."""
+    web_config = tmp_path / "web.yml"
+    web_config.write_text("http_server_config:\n  headers:\n    X-Frame-Options: deny\n")
+    daemon = start_daemon("--simulate", "mixed", "--web.config.file", str(web_config))
+    try:
+        # A front that cannot start: the daemon starts it again after 1, 2, 4 ... 30 s.
+        web_config.write_text("tls_server_config: [not, a, mapping]\n")
+        (front,) = front_pids(daemon)
+        os.kill(front, signal.SIGKILL)
+        wait_until(lambda: "ERROR exporter.server.front: web config" in daemon.log(), what="log")
+        answers = [requests.get(daemon.url + "metrics", timeout=10) for _ in range(3)]
+        assert [answer.status_code for answer in answers] == [503, 503, 503]
+        assert answers[0].headers["Retry-After"] == "1"
+        assert answers[0].text == "gpuload: the HTTP front is restarting\n"
+    finally:
+        daemon.stop()

@@ -29,6 +29,7 @@ import contextlib
 import io
 import json
 import logging
+import select
 import signal
 import socket
 import socketserver
@@ -54,6 +55,15 @@ from exporter.server.wsgi import (
 )
 
 log = logging.getLogger(__name__)
+
+# What a scrape gets while the front restarts: at once, not after its own timeout.
+_RESTARTING_BODY = b"gpuload: the HTTP front is restarting\n"
+_RESTARTING = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\n"
+    + f"Content-Length: {len(_RESTARTING_BODY)}\r\n\r\n".encode()
+    + _RESTARTING_BODY
+)
 
 # (content type, gzip): one encoded answer of /metrics.
 Key = tuple[str, bool]
@@ -650,6 +660,33 @@ class FrontProcess:
                 for extra in connections:
                     extra.close()
 
+    def _refuse_until(self, deadline: float) -> bool:
+        """While no front runs, answer every connection at once; True once stopping.
+
+        Left in the listen backlog, a scrape would wait out its timeout (the restart delay
+        grows to 30 s); a 503 tells Prometheus at once. Over TLS, which only the front speaks,
+        the connection is closed instead.
+        """
+        listener = self._server.httpd.socket
+        while not self._stopping.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            try:
+                ready, _, _ = select.select([listener], [], [], min(remaining, 0.2))
+                if not ready:
+                    continue
+                connection, _peer = listener.accept()
+            except (OSError, ValueError):  # closed by stop(), or taken by a new front
+                self._stopping.wait(0.05)
+                continue
+            with connection:
+                if not self._tls:
+                    connection.settimeout(1.0)
+                    with contextlib.suppress(OSError):
+                        connection.sendall(_RESTARTING)
+        return True
+
     def _watch(self) -> None:
         """Start the front again when it exits, waiting longer after each quick exit."""
         delay = 1.0
@@ -662,7 +699,7 @@ class FrontProcess:
                 return
             delay = 1.0 if time.monotonic() - started > 60 else delay
             log.error("the HTTP front exited with status %s; starting it again in %gs", code, delay)
-            if self._stopping.wait(delay):
+            if self._refuse_until(time.monotonic() + delay):
                 return
             delay = min(delay * 2, 30.0)
             with self._send_lock:
