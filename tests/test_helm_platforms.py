@@ -634,7 +634,7 @@ def pod_python() -> Iterator[str]:
     """An interpreter every uid can run, as the image's python, with gpuload's packages.
 
     This environment's may sit on an interpreter under a folder only its owner may enter (a
-    pyenv in /root), and the daemon starts its HTTP front with sys.executable in isolated mode
+    pyenv in its home), and the daemon starts its HTTP front with sys.executable in isolated mode
     (-I: no PYTHONPATH). So when nobody can run it, a throwaway virtual environment on the
     system's interpreter of the same version reads this one's packages through a .pth file.
     """
