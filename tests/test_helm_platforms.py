@@ -978,10 +978,13 @@ def test_rendered_tls_and_basic_auth_serve_https_with_open_probes(
     assert daemon.url.startswith("https://")
     container = exporter_container(objects)
     for probe in ("livenessProbe", "readinessProbe"):
-        get = container[probe]["httpGet"]
-        # The kubelet's HTTPS probes do not verify the certificate, nor send credentials.
-        answer = requests.get(daemon.url + get["path"].lstrip("/"), verify=False, timeout=10)
-        assert answer.status_code == 200
+        url = daemon.url + container[probe]["httpGet"]["path"].lstrip("/")
+        # The kubelet's HTTPS probes do not verify the certificate, nor send credentials. The
+        # readiness probe answers 200 once the first collection has finished, as it should.
+        wait_until(
+            lambda url=url: requests.get(url, verify=False, timeout=10).status_code == 200,
+            what=f"the {probe} over HTTPS without credentials",
+        )
     assert daemon.get("/metrics", verify=str(authority.cert_file)).status_code == 401
     endpoint = monitor_endpoint(objects)
     auth = endpoint["basicAuth"]
