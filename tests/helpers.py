@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import sim
@@ -155,3 +157,28 @@ def answers(url: str) -> bool:
         return requests.get(url, timeout=1).status_code == 200
     except requests.RequestException:
         return False
+
+
+def run_prometheus(
+    start: Callable[..., subprocess.Popen[str]], folder: Path, config: dict[str, Any]
+) -> str:
+    """Start Debian's Prometheus on a free port with ``config``; its URL once it is ready.
+
+    ``start`` is the `processes` fixture's, which kills it at teardown.
+    """
+    binary = shutil.which("prometheus")
+    assert binary is not None, "needs Debian's prometheus (scripts/test installs it)"
+    port = free_port()
+    config_file = folder / "prometheus.yml"
+    config_file.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    process = start(
+        binary,
+        f"--config.file={config_file}",
+        f"--storage.tsdb.path={folder / 'prometheus-data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+        log=folder / "prometheus.log",
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: answers(url + "/-/ready") or process.poll() is not None, what="prometheus")
+    assert process.poll() is None, (folder / "prometheus.log").read_text()
+    return url

@@ -31,7 +31,15 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from helpers import Daemon, answers, free_port, parse_metrics, series, wait_until
+from helpers import (
+    Daemon,
+    answers,
+    free_port,
+    parse_metrics,
+    run_prometheus,
+    series,
+    wait_until,
+)
 
 from exporter.alerting import rules, thresholds
 from exporter.alerting.thresholds import duration_seconds
@@ -194,7 +202,6 @@ def start_prometheus(
     later: Path | None = None,
 ) -> str:
     """Start Prometheus scraping `targets` now, and what `later` (a file_sd file) will list."""
-    port = free_port()
     rule_files = write_rules(tmp_path / "rules")
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
@@ -215,20 +222,7 @@ def start_prometheus(
             }
         ],
     }
-    config_file = tmp_path / "prometheus.yml"
-    config_file.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    assert PROMETHEUS is not None
-    process = start(
-        PROMETHEUS,
-        f"--config.file={config_file}",
-        f"--storage.tsdb.path={tmp_path / 'prometheus-data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        log=tmp_path / "prometheus.log",
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: answers(url + "/-/ready") or process.poll() is not None, what="prometheus")
-    assert process.poll() is None, (tmp_path / "prometheus.log").read_text()
-    return url
+    return run_prometheus(start, tmp_path, config)
 
 
 def gpu_uuids(daemon: Daemon) -> dict[str, str]:

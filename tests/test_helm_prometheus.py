@@ -25,7 +25,7 @@ import helm_python as helm
 import pytest
 import requests
 import yaml
-from helpers import Daemon, answers, free_port, parse_metrics, series, wait_until
+from helpers import Daemon, parse_metrics, run_prometheus, series, wait_until
 from kubelet_helpers import FakeKubelet, Pod, short_socket_dir
 from test_helm_chart import render_objects
 
@@ -92,7 +92,6 @@ def kubelet_socket() -> Iterator[Path]:
 def start_prometheus(
     tmp_path: Path, jobs: list[dict[str, Any]], rules: dict[str, Any], start: Callable[..., Any]
 ) -> str:
-    port = free_port()
     rule_file = tmp_path / "rules.yml"
     rule_file.write_text(yaml.safe_dump(rules), encoding="utf-8")
     config = {
@@ -100,20 +99,7 @@ def start_prometheus(
         "rule_files": [str(rule_file)],
         "scrape_configs": jobs,
     }
-    config_file = tmp_path / "prometheus.yml"
-    config_file.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
-    assert PROMETHEUS is not None
-    process = start(
-        PROMETHEUS,
-        f"--config.file={config_file}",
-        f"--storage.tsdb.path={tmp_path / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        log=tmp_path / "prometheus.log",
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: answers(url + "/-/ready") or process.poll() is not None, what="prometheus")
-    assert process.poll() is None, (tmp_path / "prometheus.log").read_text()
-    return url
+    return run_prometheus(start, tmp_path, config)
 
 
 def query(prometheus: str, expr: str) -> list[dict[str, Any]]:
