@@ -25,7 +25,7 @@ from exporter.collection import Collection
 from exporter.collectors import REGISTRY
 
 ROOT = Path(__file__).resolve().parent.parent
-_LISTENING = re.compile(r"listening on (http://\S+/)")
+_LISTENING = re.compile(r"listening on (https?://\S+/)")
 
 
 @dataclass
@@ -70,6 +70,28 @@ def series(samples: dict, name: str) -> dict[tuple[tuple[str, str], ...], float]
     return {labels: value for (sample, labels), value in samples.items() if sample == name}
 
 
+def follow(process: subprocess.Popen[str], *, what: str, timeout: float) -> Daemon:
+    """A started `gpuload serve` as a Daemon: its stderr gathered, its URL once it listens."""
+    daemon = Daemon(process)
+    seen = threading.Event()
+
+    def drain() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            daemon.lines.append(line)
+            match = _LISTENING.search(line)
+            if match:
+                daemon.url = match.group(1)
+                seen.set()
+        seen.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    if not seen.wait(timeout=timeout) or not daemon.url:
+        process.kill()
+        raise AssertionError(f"{what} did not start:\n{daemon.log()}")
+    return daemon
+
+
 def start_daemon(*args: str, env: dict[str, str] | None = None, wait_ready: bool = True) -> Daemon:
     command = [
         sys.executable,
@@ -91,23 +113,7 @@ def start_daemon(*args: str, env: dict[str, str] | None = None, wait_ready: bool
         stdout=subprocess.DEVNULL,
         text=True,
     )
-    daemon = Daemon(process)
-    seen = threading.Event()
-
-    def drain() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            daemon.lines.append(line)
-            match = _LISTENING.search(line)
-            if match:
-                daemon.url = match.group(1)
-                seen.set()
-        seen.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    if not seen.wait(timeout=30) or not daemon.url:
-        process.kill()
-        raise AssertionError(f"gpuload serve did not start:\n{daemon.log()}")
+    daemon = follow(process, what="gpuload serve", timeout=30)
     if wait_ready:
         wait_until(lambda: daemon.get("/readyz").status_code == 200, what="readiness")
     return daemon

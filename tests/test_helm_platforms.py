@@ -22,7 +22,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
@@ -34,7 +33,7 @@ import kubernetes_validate
 import pytest
 import requests
 import yaml
-from helpers import ROOT, Daemon, series, value_of, wait_until
+from helpers import ROOT, Daemon, follow, series, value_of, wait_until
 from kubelet_helpers import FakeKubelet, Pod
 from test_helm_chart import (
     CHART,
@@ -54,7 +53,6 @@ from exporter.collectors import REGISTRY
 DOCS = ROOT / "docs" / "kubernetes.md"
 CRDS = Path(__file__).parent / "data" / "crds"
 _VALUES_BLOCK = re.compile(r"```yaml\n# ([a-z0-9-]+)\.yaml\n(.*?)```", re.DOTALL)
-_LISTENING = re.compile(r"listening on (https?://\S+/)")
 GPU = "nvidia.com/gpu"
 
 
@@ -776,24 +774,7 @@ def start_exporter(pod: PodOnThisMachine, extra: list[str]) -> Daemon:
         stdout=subprocess.DEVNULL,
         text=True,
     )
-    daemon = Daemon(process)
-    seen = threading.Event()
-
-    def drain() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            daemon.lines.append(line)
-            match = _LISTENING.search(line)
-            if match:
-                daemon.url = match.group(1)
-                seen.set()
-        seen.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    if not seen.wait(timeout=60) or not daemon.url:
-        process.kill()
-        raise AssertionError(f"the exporter container did not start:\n{daemon.log()}")
-    return daemon
+    return follow(process, what="the exporter container", timeout=60)
 
 
 SIMULATED = ["--simulate", "idle", "--sim.time", "30", "--web.listen-address", "127.0.0.1:0"]

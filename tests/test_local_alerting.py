@@ -220,18 +220,7 @@ def test_the_evaluation_interval_is_read_from_the_alerting_section(tmp_path: Pat
 def test_serve_delivers_a_critical_xid_from_its_own_samples(
     tmp_path: Path, receiver: Receiver, daemon_factory
 ) -> None:
-    (tmp_path / "gpuload.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "alerting": {
-                    "targets": {"hook": {"type": "webhook", "url": receiver.url}},
-                    "route": {"targets": ["hook"]},
-                    "queue": {"path": str(tmp_path / "alerts.db")},
-                    "evaluation_interval": "200ms",
-                }
-            }
-        )
-    )
+    _delivery_file(tmp_path, receiver, evaluation_interval="200ms")
     # GPU 3 reports XID 79 two seconds in; GPUXidError has no `for:`. An event set sees the
     # events from the scenario's start, so the XID arrives however long the daemon took to start
     # (a GPU that also fell off the bus could not be registered once lost: not this test's point).
@@ -305,8 +294,10 @@ def test_serve_refuses_an_alert_queue_it_cannot_open(tmp_path: Path) -> None:
     assert not_a_database.read_bytes().startswith(b"this is not")  # left as it was
 
 
-def _delivering(tmp_path: Path, receiver: Receiver, **alerting: object) -> config.Config:
-    (tmp_path / "gpuload.yaml").write_text(
+def _delivery_file(tmp_path: Path, receiver: Receiver, **alerting: object) -> Path:
+    """A config file whose local alerts go to the receiver, queued in tmp_path."""
+    path = tmp_path / "gpuload.yaml"
+    path.write_text(
         yaml.safe_dump(
             {
                 "alerting": {
@@ -318,7 +309,11 @@ def _delivering(tmp_path: Path, receiver: Receiver, **alerting: object) -> confi
             }
         )
     )
-    return config.load(file=tmp_path / "gpuload.yaml")
+    return path
+
+
+def _delivering(tmp_path: Path, receiver: Receiver, **alerting: object) -> config.Config:
+    return config.load(file=_delivery_file(tmp_path, receiver, **alerting))
 
 
 def _local(settings: config.Config, loaded: thresholds.Thresholds, now: float) -> LocalAlerting:
