@@ -189,20 +189,28 @@ def test_an_http_1_0_request_closes_its_connection(daemon: Daemon) -> None:
 
 
 @pytest.mark.parametrize(
-    "request_bytes",
+    ("request_bytes", "status"),
     [
-        b"NONSENSE\r\n\r\n",
-        b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n",
-        b"POST / HTTP/1.1\r\nContent-Length: lots\r\n\r\n",
-        b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
-        b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n",
+        (b"NONSENSE\r\n\r\n", b"400 Bad Request"),
+        (b"GET /metrics HTTP/1.1\r\nno colon here\r\n\r\n", b"400 Bad Request"),
+        (b"POST / HTTP/1.1\r\nContent-Length: lots\r\n\r\n", b"400 Bad Request"),
+        (
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"400 Bad Request",
+        ),
+        (b"POST / HTTP/1.1\r\nContent-Length: 1048577\r\n\r\n", b"413 Content Too Large"),
+        (b"GET /" + b"a" * 17000 + b" HTTP/1.1\r\n\r\n", b"431 Request Header Fields Too Large"),
+        (
+            b"GET / HTTP/1.1\r\n" + b"A: b\r\n" * 101 + b"\r\n",
+            b"431 Request Header Fields Too Large",
+        ),
     ],
 )
-def test_a_bad_request_is_answered_400_and_the_front_goes_on(
-    daemon: Daemon, request_bytes: bytes
+def test_a_bad_request_is_answered_and_the_front_goes_on(
+    daemon: Daemon, request_bytes: bytes, status: bytes
 ) -> None:
     answer = exchange(daemon, request_bytes)
-    assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    assert answer.startswith(b"HTTP/1.1 " + status + b"\r\n")
     assert answer.split(b"\r\n\r\n", 1)[1]  # says what was wrong
     assert daemon.get("/healthz").text == "ok\n"
 

@@ -16,10 +16,10 @@ from helpers import ROOT
 
 # The most threads the exporter may have: one collection worker per GPU (16), the main thread,
 # the scheduler and its executor thread, the HTTP front's watcher and the reader of what it
-# forwards, the XID event thread and one forwarded request in flight. A hung call holds its
-# GPU's worker without a new one being started; a pile-up would break the bound within a fault
-# or two.
-MAX_THREADS = 16 + 7
+# forwards, the deadlines of the connections it serves, the XID event thread and one forwarded
+# request in flight. A hung call holds its GPU's worker without a new one being started; a
+# pile-up would break the bound within a fault or two.
+MAX_THREADS = 16 + 8
 
 
 def test_short_soak_loses_nothing_and_survives_every_fault(tmp_path: Path) -> None:

@@ -56,7 +56,10 @@ class Relay:
             max_age=config.queue.max_age,
             wake=self._wake,
         )
-        self.server = Server(config.web.listen_address, self.app, config.web.security)
+        # The relay judges a notification's length itself: 413 with advice, and a metric.
+        self.server = Server(
+            config.web.listen_address, self.app, config.web.security, max_body=None
+        )
         self._stopped = threading.Event()
         self._pruner = threading.Thread(target=self._prune, name="prune", daemon=True)
 

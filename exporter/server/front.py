@@ -26,13 +26,11 @@ starts it again when it exits otherwise.
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import logging
 import select
 import signal
 import socket
-import socketserver
 import struct
 import subprocess
 import sys
@@ -42,7 +40,7 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 from wsgiref.util import is_hop_by_hop
 
 from exporter.server.wsgi import (
@@ -52,6 +50,8 @@ from exporter.server.wsgi import (
     Server,
     StartResponse,
     WsgiApp,
+    keeps_alive,
+    response,
 )
 
 log = logging.getLogger(__name__)
@@ -74,11 +74,6 @@ FORWARD_TIMEOUT = 60.0
 SEND_TIMEOUT = 10.0
 # The Accept / Accept-Encoding pairs remembered: scrapers send the same ones every time.
 MAX_HEADER_PAIRS = 64
-# What the front reads of a request; more is answered 400.
-MAX_LINE = 8192
-MAX_HEADER_LINES = 100
-MAX_BODY = 1 << 20
-KEEP_ALIVE_TIMEOUT = 120.0
 _LENGTH = struct.Struct("!I")
 
 
@@ -244,7 +239,7 @@ def _header(line: str) -> tuple[str, str]:
 
 def _request(environ: dict[str, Any]) -> bytes:
     """The request as the daemon's HTTP server reads it."""
-    # wsgiref has unquoted the path (as ISO-8859-1); quote it again as it came.
+    # The server has unquoted the path (as ISO-8859-1); quote it again as it came.
     path = quote(str(environ.get("PATH_INFO", "/")).encode("iso-8859-1"), safe="/;=,@:!$&'()*+~")
     query = environ.get("QUERY_STRING", "")
     lines = [f"{environ['REQUEST_METHOD']} {path}{'?' if query else ''}{query} HTTP/1.0"]
@@ -258,137 +253,6 @@ def _request(environ: dict[str, Any]) -> bytes:
     if body:
         lines.append(f"Content-Length: {len(body)}")
     return "\r\n".join([*lines, "", ""]).encode("iso-8859-1") + body
-
-
-class _BadRequest(Exception):
-    """A request the front does not read: answered 400 and the connection closed."""
-
-
-class FrontHandler(socketserver.StreamRequestHandler):
-    """HTTP/1.1 with keep-alive, as much of it as scrapers and browsers use.
-
-    A request line, header lines and a body of Content-Length bytes, handed to the WSGI
-    application. wsgiref's handler took ~230 µs of CPU per scrape (its header parser is the
-    email package's): concurrent scrapers queue behind each other for that much.
-    """
-
-    # Idle keep-alive connections are closed after this long; Prometheus opens a new one.
-    timeout = KEEP_ALIVE_TIMEOUT
-    wbufsize = 0  # each answer is written whole, in one send
-
-    def handle(self) -> None:
-        """Answer requests until the client closes, asks to close, or sends a bad one."""
-        while True:
-            try:
-                lines = _read_head(self.rfile)
-                if lines is None:
-                    return
-                environ, keep_alive = self._environ(lines)
-            except _BadRequest as error:
-                self._send("GET", "400 Bad Request", _PLAIN, f"{error}\n".encode(), False)
-                return
-            except OSError:  # reset, or idle past the timeout
-                return
-            status, headers, body = self._run(environ)
-            self._send(environ["REQUEST_METHOD"], status, headers, body, keep_alive)
-            if not keep_alive:
-                return
-
-    def _environ(self, lines: list[bytes]) -> tuple[dict[str, Any], bool]:
-        parts = lines[0].decode("iso-8859-1").split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            raise _BadRequest("not an HTTP/1 request line")
-        method, target, version = parts
-        path, _, query = target.partition("?")
-        tls = hasattr(self.connection, "getpeercert")
-        environ: dict[str, Any] = dict(getattr(self.server, "base_environ", {}))
-        environ.update(
-            {
-                "REQUEST_METHOD": method,
-                "PATH_INFO": unquote(path, "iso-8859-1"),
-                "QUERY_STRING": query,
-                "SERVER_PROTOCOL": version,
-                "REMOTE_ADDR": str(self.client_address[0]),
-                "wsgi.version": (1, 0),
-                "wsgi.url_scheme": "https" if tls else "http",
-                "wsgi.errors": sys.stderr,
-                "wsgi.multithread": True,
-                "wsgi.multiprocess": False,
-                "wsgi.run_once": False,
-            }
-        )
-        if tls:
-            environ["HTTPS"] = "on"
-        for line in lines[1:]:
-            name, colon, value = line.decode("iso-8859-1").partition(":")
-            if not colon or not name or name != name.strip():
-                raise _BadRequest("a header line without a name")
-            key = name.upper().replace("-", "_")
-            if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
-                key = f"HTTP_{key}"
-            value = value.strip()
-            environ[key] = f"{environ[key]},{value}" if environ.get(key) else value
-        if "HTTP_TRANSFER_ENCODING" in environ:
-            raise _BadRequest("a body must come with Content-Length")
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            raise _BadRequest("Content-Length is not a number") from None
-        if not 0 <= length <= MAX_BODY:
-            raise _BadRequest(f"a body of {length} bytes (at most {MAX_BODY})")
-        environ["wsgi.input"] = io.BytesIO(self.rfile.read(length) if length else b"")
-        return environ, _keeps_alive(version, environ.get("HTTP_CONNECTION", ""))
-
-    def _run(self, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
-        started: list[Any] = []
-
-        def start_response(status: str, headers: list[tuple[str, str]], *_: Any) -> Any:
-            started[:] = [status, headers]
-            return None
-
-        app = self.server.get_app()  # type: ignore[attr-defined]
-        try:
-            result = app(environ, start_response)
-            try:
-                body = b"".join(result)
-            finally:
-                if hasattr(result, "close"):
-                    result.close()
-        except Exception:  # one failed request must not end the front
-            log.exception("answering %s failed", environ.get("PATH_INFO"))
-            return "500 Internal Server Error", _PLAIN, b"internal error\n"
-        return started[0], started[1], body
-
-    def _send(
-        self,
-        method: str,
-        status: str,
-        headers: list[tuple[str, str]],
-        body: bytes,
-        keep_alive: bool,
-    ) -> None:
-        self.wfile.write(_response(method, status, headers, body, keep_alive))
-
-
-def _keeps_alive(version: str, connection: str) -> bool:
-    """Whether the connection stays open after this request (HTTP/1.1: unless told to close)."""
-    if version == "HTTP/1.1":
-        return "close" not in connection.lower()
-    return "keep-alive" in connection.lower()
-
-
-def _response(
-    method: str, status: str, headers: list[tuple[str, str]], body: bytes, keep_alive: bool
-) -> bytes:
-    """An HTTP/1.1 answer, whole: status line, headers, Content-Length, body (not for HEAD)."""
-    head = [f"HTTP/1.1 {status}", *(f"{name}: {value}" for name, value in headers)]
-    if not any(name.lower() == "content-length" for name, _ in headers):
-        head.append(f"Content-Length: {len(body)}")
-    if not keep_alive:
-        head.append("Connection: close")
-    head += ["", ""]
-    payload = "\r\n".join(head).encode("iso-8859-1")
-    return payload if method == "HEAD" else payload + body
 
 
 def answer_held(app: FrontApp, telemetry_path: str, connection: socket.socket) -> int:
@@ -425,11 +289,11 @@ def answer_held(app: FrontApp, telemetry_path: str, connection: socket.socket) -
     held = app.held(headers.get("accept", ""), headers.get("accept-encoding", ""))
     if held is None or len(held[1]) > _INLINE_MAX_BODY:
         return NOT_ANSWERED
-    keep_alive = _keeps_alive(parts[2], headers.get("connection", ""))
+    keep_alive = keeps_alive(parts[2], headers.get("connection", ""))
     try:
         connection.recv(end + 4)  # the request, peeked above: the next read starts after it
         connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2 * _INLINE_MAX_BODY)
-        answer = _response("GET", "200 OK", held[0], held[1], keep_alive)
+        answer = response("GET", "200 OK", held[0], held[1], keep_alive)
         sent = connection.send(answer, socket.MSG_DONTWAIT)
         if sent < len(answer):  # a buffer smaller than asked for: the rest, waiting
             connection.settimeout(FORWARD_TIMEOUT)
@@ -440,27 +304,6 @@ def answer_held(app: FrontApp, telemetry_path: str, connection: socket.socket) -
     return ANSWERED if keep_alive else ANSWERED_AND_CLOSED
 
 
-def _read_head(rfile: Any) -> list[bytes] | None:
-    """The request line and header lines; None when the client closed between requests."""
-    lines: list[bytes] = []
-    while True:
-        line = rfile.readline(MAX_LINE + 1)
-        if not line:
-            if lines:
-                raise _BadRequest("the request ended early")
-            return None
-        if len(line) > MAX_LINE:
-            raise _BadRequest(f"a line longer than {MAX_LINE} bytes")
-        if line in (b"\r\n", b"\n"):
-            if lines:
-                return lines
-            continue  # an empty line before the request line is ignored (RFC 9112)
-        lines.append(line.rstrip(b"\r\n"))
-        if len(lines) > MAX_HEADER_LINES:
-            raise _BadRequest(f"more than {MAX_HEADER_LINES} header lines")
-
-
-_PLAIN = [("Content-Type", "text/plain; charset=utf-8")]
 # A scrape answered on the accepting thread: its head is read in one peek, its answer (a gzip
 # answer is 6-24 KB from 1 to 16 GPUs) must fit the socket's send buffer at once.
 _INLINE_HEAD_BYTES = 8192
@@ -500,7 +343,6 @@ def main(argv: list[str]) -> int:
         app,
         security,
         listener=listener,
-        handler=FrontHandler,
         poll_interval=_STOP_POLL_SECONDS,
     )
     if security is None:
