@@ -258,16 +258,6 @@ def test_a_front_that_cannot_start_is_retried_until_it_can(tmp_path: Path) -> No
         daemon.stop()
 
 
-def test_the_front_starts_with_glibcs_malloc_settings(daemon: Daemon) -> None:
-    # glibc reads them when the front's interpreter starts (see exporter/server/malloc.py).
-    (front,) = front_pids(daemon)
-    environment = Path(f"/proc/{front}/environ").read_bytes().split(b"\0")
-    arenas = os.environ.get("MALLOC_ARENA_MAX", "2")
-    threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_", "131072")
-    assert f"MALLOC_ARENA_MAX={arenas}".encode() in environment
-    assert f"MALLOC_MMAP_THRESHOLD_={threshold}".encode() in environment
-
-
 PROMETHEUS_ACCEPT = (
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
     "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"

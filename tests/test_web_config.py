@@ -675,7 +675,11 @@ BAD = [
     ({"basic_auth_user": {}}, "basic_auth_user: unknown setting"),
     ({"tls_server_config": {"key_file": "k"}}, "tls_server_config.cert_file: required"),
     ({"tls_server_config": "TLS"}, "tls_server_config: expected a mapping"),
-    ("tls_server_config: [unclosed", "file: not valid YAML"),
+    ("tls_server_config: [unclosed", "file: not valid YAML at line 1"),
+    (
+        "basic_auth_users: &a {alice: x}\nhttp_server_config: *a",
+        "file: not valid YAML at line 2, column 21: aliases (*name) are not accepted",
+    ),
     ({"rate_limit": {"burst": 1}}, "rate_limit: not supported by gpuload"),
     ({"basic_auth_users": {"alice": "$2b$10$short"}}, "basic_auth_users.alice: not a bcrypt hash"),
     ({"basic_auth_users": {"alice": PASSWORD}}, "basic_auth_users.alice: not a bcrypt hash"),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import gc
 import logging
 import os
 import signal
@@ -21,7 +20,6 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from exporter.alerting.local import LocalAlerting
 from exporter.collection import Collection, Snapshot
 from exporter.config import Config
-from exporter.server import malloc
 from exporter.server.front import FrontProcess
 from exporter.server.http import Application
 from exporter.server.status import StatusPage
@@ -137,8 +135,6 @@ def _run_cycle(
 
 def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     """Run the exporter until SIGTERM/SIGINT (or `stop` is set); returns the exit code."""
-    tuned = malloc.tune()  # before the GPU workers start
-    log.debug("malloc settings applied: %s", ", ".join(tuned) or "none")
     # Retries and slow reads are scheduled on the node's clock: the simulated node's when
     # simulating, so that a pinned scenario clock (--sim.time) gives the same output every run.
     clock: Callable[[], float] = time.monotonic
@@ -220,10 +216,6 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     enabled = sorted(name for name, on in config.collectors.items() if on)
     if alerting is not None:
         alerting.start()
-    # Everything imported and built so far lives as long as the process: out of the cyclic
-    # collector's way, a full collection no longer walks it (20-25 ms at 16 GPUs, holding the
-    # GIL while a scrape waits).
-    gc.freeze()
     scheduler.start()
     server.start()
     host = config.web.listen_address.rpartition(":")[0].strip("[]")

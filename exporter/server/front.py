@@ -466,15 +466,11 @@ class FrontProcess:
             "log_format": self._logging[1],
         }
         root = str(Path(__file__).resolve().parents[2])
-        # Imported here: the front process itself never needs ctypes.
-        from exporter.server import malloc
-
         with answers_end, requests_end:
             self._process = subprocess.Popen(
                 [sys.executable, "-I", "-c", _BOOTSTRAP.format(root=root), json.dumps(settings)],
                 pass_fds=(listener.fileno(), answers_end.fileno(), requests_end.fileno()),
                 stdin=subprocess.DEVNULL,
-                env=malloc.child_environment(),
             )
         answers.settimeout(SEND_TIMEOUT)
         self._answers = answers

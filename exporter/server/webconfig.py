@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import bcrypt
-import yaml
 
-from exporter.config import ConfigError, parse_bool
+from exporter.config import ConfigError, load_yaml, parse_bool
 
 log = logging.getLogger(__name__)
 
@@ -198,21 +197,18 @@ def load(path: str | Path) -> WebSecurity:
     path = Path(path)
     try:
         return _load(path)
-    except _Problem as problem:
+    except (_Problem, ConfigError) as problem:
         raise ConfigError(f"{path}: {problem}") from None
 
 
 def _load(path: Path) -> WebSecurity:
     before = _stamp([path])
     try:
-        tree = yaml.safe_load(path.read_text())
+        text = path.read_text()
     except OSError as error:
         raise _Problem("file", f"cannot read it ({error.strerror})") from None
-    except yaml.YAMLError as error:
-        # The YAML error quotes the line, which may hold a hash: only say where.
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise _Problem("file", f"not valid YAML{where}") from None
+    # Says the line and the problem, never the text there (it may hold a hash); no aliases.
+    tree = load_yaml(text, "file")
     tree = {} if tree is None else tree
     _check_mapping(tree, "(top level)")
     for key in tree:
