@@ -17,6 +17,7 @@ RESULTS = BENCH / "RESULTS.md"
 OPTIMIZATIONS = BENCH / "OPTIMIZATIONS.md"
 # Written by `python -m bench.fleet` (bench/fleet.py); `python -m bench` keeps it as it is.
 FLEET_HEADING = "## Fleet"
+SERVING_HEADING = "## Serving mechanisms"
 
 
 @dataclass
@@ -206,9 +207,11 @@ def write_results(
             evaluation_text,
             "",
         ]
-    fleet = _section(RESULTS.read_text(), FLEET_HEADING) if RESULTS.exists() else ""
-    if fleet:
-        parts += [fleet.rstrip(), ""]
+    # The sections other commands write (bench.fleet, bench.serving) are kept.
+    for heading in (SERVING_HEADING, FLEET_HEADING):
+        kept = _section(RESULTS.read_text(), heading) if RESULTS.exists() else ""
+        if kept:
+            parts += [kept.rstrip(), ""]
     if OPTIMIZATIONS.exists():
         parts += [OPTIMIZATIONS.read_text().rstrip(), ""]
     RESULTS.write_text("\n".join(parts))

@@ -221,3 +221,16 @@ def test_the_relay_accepts_notifications_while_slow_and_large_clients_hold_it(
         relay.process.terminate()
         relay.process.wait(timeout=30)
     assert "Traceback" not in "".join(relay.lines)
+
+
+def test_the_documented_bounds_are_the_servers() -> None:
+    from exporter.server import wsgi
+
+    text = (ROOT / "docs/security.md").read_text()
+    assert f"| connections held | {wsgi.MAX_CONNECTIONS} per listener |" in text
+    assert f"| a request's head and body | within {wsgi.REQUEST_TIMEOUT:g} s of" in text
+    assert f"| idle kept-alive connection | {wsgi.KEEP_ALIVE_TIMEOUT:g} s |" in text
+    head = f"{wsgi.MAX_HEAD // 1024} KiB and {wsgi.MAX_HEADER_LINES} lines"
+    assert f"| request head | {head} |" in text
+    assert f"{wsgi.MAX_BODY // 2**20} MiB on the exporter" in text
+    assert f"| an answer the client does not read | {wsgi.SEND_TIMEOUT:g} s |" in text

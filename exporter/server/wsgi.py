@@ -92,9 +92,17 @@ class Connections:
         self._held: dict[int, Connection] = {}
         self._closed = False
         self._sweeper: threading.Thread | None = None
+        # The sweeper waits without a timeout while no connection is held; only then does a
+        # new connection wake it (not on every scrape: a wake is a wait for the GIL).
+        self._sweeper_asleep = False
 
     def __len__(self) -> int:
         return len(self._held)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the server has stopped: no connection is kept alive any more."""
+        return self._closed
 
     def admit(self, connection: socket.socket) -> Connection | None:
         """Hold a new connection; None when full of connections being answered."""
@@ -115,7 +123,8 @@ class Connections:
                 self._sweeper = threading.Thread(target=self._sweep, name="http-deadlines")
                 self._sweeper.daemon = True
                 self._sweeper.start()
-            elif len(self._held) == 1:
+            elif self._sweeper_asleep:
+                self._sweeper_asleep = False
                 self._changed.notify()
             return held
 
@@ -146,11 +155,12 @@ class Connections:
                 self._drop(held, shut=False)
 
     def close(self) -> None:
-        """Shut every connection down, and let the sweeper end."""
+        """Shut down the connections waiting for a request (those being answered finish)."""
         with self._changed:
             self._closed = True
             for held in list(self._held.values()):
-                self._drop(held, shut=True)
+                if held.deadline is not None:
+                    self._drop(held, shut=True)
             self._changed.notify()
 
     def _drop(self, held: Connection, *, shut: bool) -> None:
@@ -165,7 +175,8 @@ class Connections:
                 for held in list(self._held.values()):
                     if held.deadline is not None and held.deadline <= now:
                         self._drop(held, shut=True)
-                self._changed.wait(1.0 if self._held else None)
+                self._sweeper_asleep = not self._held
+                self._changed.wait(None if self._sweeper_asleep else 1.0)
 
 
 class _BadRequest(Exception):
@@ -205,7 +216,7 @@ class Handler(StreamRequestHandler):
                 return
             connections.answering(held)
             status, headers, answer = self._run(environ)
-            keep_alive = keep_alive and body.whole()
+            keep_alive = keep_alive and body.whole() and not connections.closed
             self.connection.settimeout(SEND_TIMEOUT)
             self._send(environ["REQUEST_METHOD"], status, headers, answer, keep_alive)
             if not keep_alive:
