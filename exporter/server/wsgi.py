@@ -466,20 +466,20 @@ class _ThreadingServer(TCPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         """Serve the connection on a spare thread, or on a new one when none is waiting."""
-        held = self.connections.admit(request)
-        if held is None:
-            # Full of connections being answered: a plain client is told so, TLS is closed.
-            if self.watcher is None:
-                with contextlib.suppress(OSError):
-                    request.send(_FULL, socket.MSG_DONTWAIT)
-            self.shutdown_request(request)
-            return
         # No handoff to another thread for the common scrape: under load each one was a wait
         # for a core, and most of the 10-concurrent-scraper tail (bench/OPTIMIZATIONS.md).
+        # Answered here, a connection holds nothing: it is held only if it goes on.
         inline = self.answer_inline if self.watcher is None else None
         answered = NOT_ANSWERED if inline is None else inline(request)
         if answered == ANSWERED_AND_CLOSED:
-            self.connections.leave(held)
+            self.shutdown_request(request)
+            return
+        held = self.connections.admit(request)
+        if held is None:
+            # Full of connections being answered: a plain client is told so, TLS is closed.
+            if self.watcher is None and answered == NOT_ANSWERED:
+                with contextlib.suppress(OSError):
+                    request.send(_FULL, socket.MSG_DONTWAIT)
             self.shutdown_request(request)
             return
         if answered == ANSWERED:
