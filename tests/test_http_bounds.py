@@ -190,15 +190,9 @@ def test_the_exporter_answers_scrapes_while_slow_and_large_clients_hold_it() -> 
 def test_the_relay_accepts_notifications_while_slow_and_large_clients_hold_it(
     tmp_path: Path,
 ) -> None:
-    config = write_config(
-        tmp_path,
-        {
-            "web": {"listen_address": "127.0.0.1:0"},
-            "queue": {"path": str(tmp_path / "q.db")},
-            "targets": {"hook": {"type": "webhook", "url": "http://127.0.0.1:9/hook"}},
-            "route": {"targets": ["hook"]},
-        },
-    )
+    # A target nothing listens at: the notifications wait in the queue.
+    hook = {"type": "webhook", "url": "http://127.0.0.1:9/hook"}
+    config = write_config(tmp_path, {"targets": {"hook": hook}, "route": {"targets": ["hook"]}})
     relay = start_relay_process(config)
     try:
         host, port = relay.url.removeprefix("http://").rstrip("/").rsplit(":", 1)
@@ -234,3 +228,35 @@ def test_the_documented_bounds_are_the_servers() -> None:
     assert f"| request head | {head} |" in text
     assert f"{wsgi.MAX_BODY // 2**20} MiB on the exporter" in text
     assert f"| an answer the client does not read | {wsgi.SEND_TIMEOUT:g} s |" in text
+
+
+def test_when_full_the_longest_waiting_connection_makes_room_and_else_none_is_admitted() -> None:
+    from exporter.server.wsgi import Connections
+
+    connections = Connections(limit=3)
+    pairs = [socket.socketpair() for _ in range(5)]
+    try:
+        first, second, third = (connections.admit(mine) for mine, _ in pairs[:3])
+        assert first and second and third
+        connections.answering(second)
+        connections.answering(third)
+        # Full: the first, the only one waiting for a request, is shut down for the fourth.
+        assert connections.admit(pairs[3][0]) is not None
+        assert pairs[0][0].recv(1) == b""  # its reader sees the end at once
+        assert len(connections) == 3
+        # Full of connections being answered and one waiting (the fourth): it goes too...
+        fifth = connections.admit(pairs[4][0])
+        assert fifth is not None
+        connections.answering(fifth)
+        assert pairs[3][0].recv(1) == b""
+        # ... and with every one being answered, a new connection is not admitted.
+        extra, _ = socket.socketpair()
+        with extra, _:
+            assert connections.admit(extra) is None
+        connections.leave(second)
+        assert len(connections) == 2
+    finally:
+        connections.close()
+        for mine, theirs in pairs:
+            mine.close()
+            theirs.close()

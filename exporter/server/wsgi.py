@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
-# Bounds of every listening socket; docs/architecture.md says what each one costs.
+# Bounds of every listening socket: the table in docs/security.md (a test compares them).
 MAX_CONNECTIONS = 256
 REQUEST_TIMEOUT = 10.0
 KEEP_ALIVE_TIMEOUT = 120.0
@@ -51,10 +51,12 @@ MAX_BODY = 1 << 20
 NOT_ANSWERED, ANSWERED, ANSWERED_AND_CLOSED = 0, 1, 2
 
 _PLAIN = [("Content-Type", "text/plain; charset=utf-8")]
+_FULL_BODY = b"gpuload: too many connections\n"
 _FULL = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
-    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 30\r\n\r\n"
-    b"gpuload: too many connections\n"
+    b"Retry-After: 1\r\nConnection: close\r\n"
+    + f"Content-Length: {len(_FULL_BODY)}\r\n\r\n".encode()
+    + _FULL_BODY
 )
 
 
