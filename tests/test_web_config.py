@@ -12,6 +12,7 @@ import datetime
 import ipaddress
 import os
 import re
+import select
 import socket
 import ssl
 import subprocess
@@ -842,3 +843,44 @@ def test_clients_that_give_up_mid_request_cost_no_traceback(pki: PKI, guarded: P
     )
     time.sleep(1)  # whatever the front would print about those connections, it has by now
     assert guarded.log().count("Traceback") == before, guarded.log()[-3000:]
+
+
+def test_tls_connections_that_never_handshake_are_closed_and_scrapes_go_on(
+    pki: PKI, processes: Callable[..., Process]
+) -> None:
+    """600 connections that never start TLS: at most 256 held, each closed by its deadline."""
+    from exporter.server.wsgi import MAX_CONNECTIONS, REQUEST_TIMEOUT
+
+    path = write_web_config(pki.directory, {"tls_server_config": tls_section(pki)}, "tls.yml")
+    running = serve(processes, path)
+    wait_until(
+        lambda: requests.get(running.url + "readyz", verify=pki.ca.cert_file, timeout=5).ok,
+        what="readiness over TLS",
+    )
+    host, port = running.url.removeprefix("https://").rstrip("/").rsplit(":", 1)
+    silent = [socket.create_connection((host, int(port)), timeout=30) for _ in range(600)]
+    try:
+        for _ in range(3):
+            scrape = requests.get(running.url + "metrics", verify=pki.ca.cert_file, timeout=10)
+            assert scrape.status_code == 200 and "gpu_up{" in scrape.text
+        tasks = Path(f"/proc/{running.process.pid}/task").glob("*/children")
+        (front,) = [int(child) for task in tasks for child in task.read_text().split()]
+        threads = Path(f"/proc/{front}/status").read_text().split("Threads:")[1].split()[0]
+        assert int(threads) < MAX_CONNECTIONS + 64
+
+        open_ones = {connection.fileno(): connection for connection in silent}
+        poller = select.poll()
+        for fd in open_ones:
+            poller.register(fd, select.POLLIN)
+
+        def all_closed() -> bool:
+            for fd, _ in poller.poll(0):  # readable: the server's end of file (or a reset)
+                poller.unregister(fd)
+                open_ones.pop(fd, None)
+            return not open_ones
+
+        wait_until(all_closed, timeout=REQUEST_TIMEOUT * 4, what="every silent connection closed")
+    finally:
+        for connection in silent:
+            connection.close()
+    assert "Traceback" not in running.log()
