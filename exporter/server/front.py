@@ -51,19 +51,14 @@ from exporter.server.wsgi import (
     StartResponse,
     WsgiApp,
     keeps_alive,
+    refusal,
     response,
 )
 
 log = logging.getLogger(__name__)
 
 # What a scrape gets while the front restarts: at once, not after its own timeout.
-_RESTARTING_BODY = b"gpuload: the HTTP front is restarting\n"
-_RESTARTING = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
-    b"Retry-After: 1\r\nConnection: close\r\n"
-    + f"Content-Length: {len(_RESTARTING_BODY)}\r\n\r\n".encode()
-    + _RESTARTING_BODY
-)
+_RESTARTING = refusal("gpuload: the HTTP front is restarting")
 
 # (content type, gzip): one encoded answer of /metrics.
 Key = tuple[str, bool]

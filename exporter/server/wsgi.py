@@ -51,13 +51,6 @@ MAX_BODY = 1 << 20
 NOT_ANSWERED, ANSWERED, ANSWERED_AND_CLOSED = 0, 1, 2
 
 _PLAIN = [("Content-Type", "text/plain; charset=utf-8")]
-_FULL_BODY = b"gpuload: too many connections\n"
-_FULL = (
-    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
-    b"Retry-After: 1\r\nConnection: close\r\n"
-    + f"Content-Length: {len(_FULL_BODY)}\r\n\r\n".encode()
-    + _FULL_BODY
-)
 
 
 class Connection:
@@ -404,6 +397,15 @@ def response(
     head += ["", ""]
     payload = "\r\n".join(head).encode("iso-8859-1")
     return payload if method == "HEAD" else payload + body
+
+
+def refusal(reason: str) -> bytes:
+    """A whole 503 answer that asks the client to come back in a second, and closes."""
+    headers = [*_PLAIN, ("Retry-After", "1")]
+    return response("GET", "503 Service Unavailable", headers, f"{reason}\n".encode(), False)
+
+
+_FULL = refusal("gpuload: too many connections")
 
 
 class _ThreadingServer(TCPServer):
