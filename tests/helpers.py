@@ -30,7 +30,7 @@ _LISTENING = re.compile(r"listening on (https?://\S+/)")
 
 @dataclass
 class Daemon:
-    """A running `gpuload serve` subprocess and what it has logged so far."""
+    """A running gpuload subprocess (`serve` or `relay`) and what it has logged so far."""
 
     process: subprocess.Popen[str]
     url: str = ""
@@ -71,7 +71,7 @@ def series(samples: dict, name: str) -> dict[tuple[tuple[str, str], ...], float]
 
 
 def follow(process: subprocess.Popen[str], *, what: str, timeout: float) -> Daemon:
-    """A started `gpuload serve` as a Daemon: its stderr gathered, its URL once it listens."""
+    """A started gpuload process as a Daemon: its stderr gathered, its URL once it listens."""
     daemon = Daemon(process)
     seen = threading.Event()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import sqlite3
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,12 +22,11 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import requests
 import yaml
-from helpers import ROOT, wait_until
+from helpers import ROOT, Daemon, follow, wait_until
 
 from exporter.relay import config as relay_config
 from exporter.relay.daemon import Relay
 
-_LISTENING = re.compile(r"listening on (http://\S+/)")
 T = TypeVar("T")
 
 
@@ -50,7 +48,28 @@ class Received:
 Answer = tuple[int, dict[str, str], bytes] | None
 
 
-class FakeTarget:
+class _LocalServer:
+    """A target's HTTP server on 127.0.0.1, serving on a thread of its own; its URL is /hook."""
+
+    _server: ThreadingHTTPServer
+
+    def _serve(self, handler: type[BaseHTTPRequestHandler]) -> None:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self._server.daemon_threads = True
+        threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/hook"
+
+    def _stop_serving(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class FakeTarget(_LocalServer):
     """A real HTTP server on 127.0.0.1 standing in for Slack, PagerDuty, a robot or a webhook."""
 
     def __init__(self, answer: Callable[[Received], Answer] | None = None) -> None:
@@ -92,23 +111,14 @@ class FakeTarget:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/hook"
+        self._serve(Handler)
 
     def bodies(self) -> list[Any]:
         return [request.json() for request in self.requests]
 
     def close(self) -> None:
         self.release.set()
-        self._server.shutdown()
-        self._server.server_close()
+        self._stop_serving()
 
 
 def alert(
@@ -208,21 +218,7 @@ def post(relay_url: str, body: Any, *, path: str = "alerts", **kwargs: Any) -> r
     return requests.post(relay_url + path, data=data, timeout=10, **kwargs)
 
 
-@dataclass
-class RelayProcess:
-    """A `gpuload relay` subprocess."""
-
-    process: subprocess.Popen[str]
-    url: str = ""
-    lines: list[str] = field(default_factory=list)
-
-    def log(self) -> str:
-        return "".join(self.lines)
-
-
-def start_relay_process(
-    config: Path, *args: str, env: dict[str, str] | None = None
-) -> RelayProcess:
+def start_relay_process(config: Path, *args: str, env: dict[str, str] | None = None) -> Daemon:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("GPULOAD_")}
     environment.update(env or {})
     environment["PYTHONUNBUFFERED"] = "1"
@@ -234,24 +230,7 @@ def start_relay_process(
         stdout=subprocess.DEVNULL,
         text=True,
     )
-    relay = RelayProcess(process)
-    seen = threading.Event()
-
-    def drain() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            relay.lines.append(line)
-            match = _LISTENING.search(line)
-            if match:
-                relay.url = match.group(1)
-                seen.set()
-        seen.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    if not seen.wait(timeout=20) or not relay.url:
-        process.kill()
-        raise AssertionError(f"gpuload relay did not start:\n{relay.log()}")
-    return relay
+    return follow(process, what="gpuload relay", timeout=20)
 
 
 def pagerduty_accepted(request: Received) -> tuple[int, dict[str, str], bytes]:
@@ -264,7 +243,7 @@ def pagerduty_accepted(request: Received) -> tuple[int, dict[str, str], bytes]:
     return 202, {"Content-Type": "application/json"}, json.dumps(document).encode()
 
 
-class StreamingTarget:
+class StreamingTarget(_LocalServer):
     """A target writing its raw HTTP answer in pieces, a pause after each, until the client leaves.
 
     It counts the bytes each answer got into the connection: what the client could read.
@@ -300,20 +279,11 @@ class StreamingTarget:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        ).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}/hook"
+        self._serve(Handler)
 
     def close(self) -> None:
         self.stop.set()
-        self._server.shutdown()
-        self._server.server_close()
+        self._stop_serving()
 
 
 @contextmanager

@@ -9,11 +9,10 @@ import time
 from pathlib import Path
 
 import requests
-from helpers import parse_metrics, value_of, wait_until
+from helpers import Daemon, parse_metrics, value_of, wait_until
 from relay_helpers import (
     FakeTarget,
     Received,
-    RelayProcess,
     alert,
     fast_delivery,
     notification,
@@ -27,7 +26,7 @@ NOTIFICATIONS = 150
 KILLS = 4
 
 
-def metric(relay: RelayProcess, name: str, target: str = "hook") -> float | None:
+def metric(relay: Daemon, name: str, target: str = "hook") -> float | None:
     """A sample of the relay's /metrics for one target."""
     answer = requests.get(relay.url + "metrics", timeout=10)
     return value_of(parse_metrics(answer.text), name, target=target)
@@ -43,7 +42,7 @@ def test_every_acknowledged_notification_arrives_exactly_once_after_dedup(tmp_pa
             "delivery": fast_delivery(),
         },
     )
-    relay: list[RelayProcess] = [start_relay_process(config)]
+    relay: list[Daemon] = [start_relay_process(config)]
     acknowledged: set[str] = set()
     refused = collections.Counter[str]()
     done = threading.Event()

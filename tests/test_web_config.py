@@ -17,7 +17,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from helpers import ROOT, wait_until
+from helpers import ROOT, Daemon, follow, wait_until
 from relay_helpers import alert, notification, write_config
 
 from exporter import config
@@ -44,7 +43,6 @@ from exporter.server.wsgi import Server
 PASSWORD = "correct horse battery staple"
 # Cost 4: the tests are about the checks, not bcrypt's slowness.
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(4)).decode()
-_LISTENING = re.compile(r"listening on (https?://\S+/)")
 
 
 # --- certificates -----------------------------------------------------------------------
@@ -164,19 +162,7 @@ def write_web_config(directory: Path, document: dict[str, Any], name: str = "web
 # --- processes ----------------------------------------------------------------------------
 
 
-@dataclass
-class Process:
-    """A running gpuload subprocess and its log so far."""
-
-    process: subprocess.Popen[str]
-    url: str = ""
-    lines: list[str] = field(default_factory=list)
-
-    def log(self) -> str:
-        return "".join(self.lines)
-
-
-def start(*args: str, env: dict[str, str] | None = None) -> Process:
+def start(*args: str, env: dict[str, str] | None = None) -> Daemon:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("GPULOAD_")}
     environment.update(env or {})
     environment["PYTHONUNBUFFERED"] = "1"
@@ -188,31 +174,14 @@ def start(*args: str, env: dict[str, str] | None = None) -> Process:
         stdout=subprocess.DEVNULL,
         text=True,
     )
-    running = Process(process)
-    seen = threading.Event()
-
-    def drain() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            running.lines.append(line)
-            match = _LISTENING.search(line)
-            if match:
-                running.url = match.group(1)
-                seen.set()
-        seen.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    if not seen.wait(timeout=20) or not running.url:
-        process.kill()
-        raise AssertionError(f"gpuload {args[0]} did not start:\n{running.log()}")
-    return running
+    return follow(process, what=f"gpuload {args[0]}", timeout=20)
 
 
 @pytest.fixture(scope="module")
-def processes() -> Iterator[Callable[..., Process]]:
-    started: list[Process] = []
+def processes() -> Iterator[Callable[..., Daemon]]:
+    started: list[Daemon] = []
 
-    def launch(*args: str, **kwargs: Any) -> Process:
+    def launch(*args: str, **kwargs: Any) -> Daemon:
         running = start(*args, **kwargs)
         started.append(running)
         return running
@@ -227,7 +196,7 @@ def processes() -> Iterator[Callable[..., Process]]:
             running.process.kill()
 
 
-def serve(launch: Callable[..., Process], web_config: Path, **kwargs: Any) -> Process:
+def serve(launch: Callable[..., Daemon], web_config: Path, **kwargs: Any) -> Daemon:
     return launch(
         "serve",
         "--simulate",
@@ -276,7 +245,7 @@ def basic(user: str, password: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def guarded(pki: PKI, processes: Callable[..., Process]) -> Process:
+def guarded(pki: PKI, processes: Callable[..., Daemon]) -> Daemon:
     """An exporter with TLS (no client certificates), basic auth and security headers."""
     path = write_web_config(
         pki.directory,
@@ -295,7 +264,7 @@ def guarded(pki: PKI, processes: Callable[..., Process]) -> Process:
     return running
 
 
-def test_tls_with_the_right_ca_and_password_serves_metrics(pki: PKI, guarded: Process) -> None:
+def test_tls_with_the_right_ca_and_password_serves_metrics(pki: PKI, guarded: Daemon) -> None:
     assert guarded.url.startswith("https://127.0.0.1:")
     answer = requests.get(
         guarded.url + "metrics",
@@ -308,12 +277,12 @@ def test_tls_with_the_right_ca_and_password_serves_metrics(pki: PKI, guarded: Pr
     assert answer.headers["X-Frame-Options"] == "deny"
 
 
-def test_a_client_trusting_another_ca_fails_the_handshake(pki: PKI, guarded: Process) -> None:
+def test_a_client_trusting_another_ca_fails_the_handshake(pki: PKI, guarded: Daemon) -> None:
     with pytest.raises(requests.exceptions.SSLError):
         requests.get(guarded.url + "healthz", verify=pki.other_ca.cert_file, timeout=5)
 
 
-def test_a_client_that_never_handshakes_holds_up_no_one(pki: PKI, guarded: Process) -> None:
+def test_a_client_that_never_handshakes_holds_up_no_one(pki: PKI, guarded: Daemon) -> None:
     host, port = guarded.url.removeprefix("https://").rstrip("/").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=5):
         # The handshake runs in the connection's thread, not in the accepting one.
@@ -321,7 +290,7 @@ def test_a_client_that_never_handshakes_holds_up_no_one(pki: PKI, guarded: Proce
         assert answer.status_code == 200
 
 
-def test_plain_http_to_a_tls_listener_gets_no_answer(guarded: Process) -> None:
+def test_plain_http_to_a_tls_listener_gets_no_answer(guarded: Daemon) -> None:
     with pytest.raises(requests.exceptions.ConnectionError):
         requests.get(guarded.url.replace("https://", "http://") + "metrics", timeout=5)
 
@@ -337,7 +306,7 @@ def test_plain_http_to_a_tls_listener_gets_no_answer(guarded: Process) -> None:
     ],
 )
 def test_missing_or_wrong_credentials_get_401(
-    pki: PKI, guarded: Process, headers: dict[str, str], why: str
+    pki: PKI, guarded: Daemon, headers: dict[str, str], why: str
 ) -> None:
     for path in ("metrics", "", "api/v1/status"):
         answer = requests.get(
@@ -349,7 +318,7 @@ def test_missing_or_wrong_credentials_get_401(
         assert "gpu_" not in answer.text
 
 
-def test_health_and_readiness_answer_without_credentials(pki: PKI, guarded: Process) -> None:
+def test_health_and_readiness_answer_without_credentials(pki: PKI, guarded: Daemon) -> None:
     # Kubernetes probes carry no credentials; these paths reveal nothing but "alive"/"ready".
     for path, body in (("healthz", "ok"), ("readyz", "ready")):
         answer = requests.get(guarded.url + path, verify=pki.ca.cert_file, timeout=5)
@@ -357,7 +326,7 @@ def test_health_and_readiness_answer_without_credentials(pki: PKI, guarded: Proc
         assert answer.text.strip() == body
 
 
-def test_password_and_hash_never_reach_logs_or_metrics(pki: PKI, guarded: Process) -> None:
+def test_password_and_hash_never_reach_logs_or_metrics(pki: PKI, guarded: Daemon) -> None:
     for password in (PASSWORD, "wrong password"):
         requests.get(
             guarded.url + "metrics",
@@ -481,7 +450,7 @@ def test_the_unknown_users_hash_takes_the_highest_cost_whatever_the_order(
 
 
 @pytest.fixture(scope="module")
-def mutual(pki: PKI, processes: Callable[..., Process]) -> Process:
+def mutual(pki: PKI, processes: Callable[..., Daemon]) -> Daemon:
     """An exporter that requires a client certificate from the good CA."""
     path = write_web_config(
         pki.directory,
@@ -497,7 +466,7 @@ def mutual(pki: PKI, processes: Callable[..., Process]) -> Process:
     return serve(processes, path)
 
 
-def test_required_client_certificate_lets_a_good_one_in(pki: PKI, mutual: Process) -> None:
+def test_required_client_certificate_lets_a_good_one_in(pki: PKI, mutual: Daemon) -> None:
     answer = requests.get(
         mutual.url + "metrics", verify=pki.ca.cert_file, cert=tuple(map(str, pki.client)), timeout=5
     )
@@ -506,7 +475,7 @@ def test_required_client_certificate_lets_a_good_one_in(pki: PKI, mutual: Proces
 
 @pytest.mark.parametrize("which", ["none", "other CA"])
 def test_required_client_certificate_refuses_none_or_a_strangers(
-    pki: PKI, mutual: Process, which: str
+    pki: PKI, mutual: Daemon, which: str
 ) -> None:
     cert = None if which == "none" else pki.other_client
     with pytest.raises((ssl.SSLError, OSError)):
@@ -522,7 +491,7 @@ def test_required_client_certificate_refuses_none_or_a_strangers(
 
 
 @pytest.fixture(scope="module")
-def tls13_only(pki: PKI, processes: Callable[..., Process]) -> Process:
+def tls13_only(pki: PKI, processes: Callable[..., Daemon]) -> Daemon:
     """An exporter with min_version TLS13, its web config given by environment variable."""
     path = write_web_config(
         pki.directory, {"tls_server_config": tls_section(pki, min_version="TLS13")}, "tls13.yml"
@@ -537,7 +506,7 @@ def tls13_only(pki: PKI, processes: Callable[..., Process]) -> Process:
     )
 
 
-def test_min_version_tls13_refuses_a_tls12_client(pki: PKI, tls13_only: Process) -> None:
+def test_min_version_tls13_refuses_a_tls12_client(pki: PKI, tls13_only: Daemon) -> None:
     with pytest.raises(ssl.SSLError, match=r"(?i)version"):
         raw_get(
             tls13_only.url, client_context(pki.ca.cert_file, maximum_version=ssl.TLSVersion.TLSv1_2)
@@ -549,7 +518,7 @@ def test_min_version_tls13_refuses_a_tls12_client(pki: PKI, tls13_only: Process)
 
 
 def test_a_renewed_certificate_is_served_without_restart(
-    pki: PKI, processes: Callable[..., Process], tmp_path: Path
+    pki: PKI, processes: Callable[..., Daemon], tmp_path: Path
 ) -> None:
     cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
     cert.write_bytes(pki.server[0].read_bytes())
@@ -589,7 +558,7 @@ def test_a_renewed_certificate_is_served_without_restart(
 
 
 def test_relay_serves_tls_and_basic_auth_from_its_config(
-    pki: PKI, processes: Callable[..., Process], tmp_path: Path
+    pki: PKI, processes: Callable[..., Daemon], tmp_path: Path
 ) -> None:
     write_web_config(
         tmp_path,
@@ -805,7 +774,7 @@ def test_a_bad_web_config_exits_2_naming_the_key(tmp_path: Path, command: str) -
 
 
 def test_basic_auth_over_plain_http_guards_every_scrape(
-    tmp_path: Path, processes: Callable[..., Process]
+    tmp_path: Path, processes: Callable[..., Daemon]
 ) -> None:
     # Without a web config the front answers a held scrape as soon as it accepts it; with
     # basic auth each one goes through the guard, the first and every one after it.
@@ -823,7 +792,7 @@ def test_basic_auth_over_plain_http_guards_every_scrape(
         assert refused.status_code == 401 and "gpu_" not in refused.text
 
 
-def test_clients_that_give_up_mid_request_cost_no_traceback(pki: PKI, guarded: Process) -> None:
+def test_clients_that_give_up_mid_request_cost_no_traceback(pki: PKI, guarded: Daemon) -> None:
     """A TLS client that sends part of a head and closes costs no traceback on stderr.
 
     It is the client's doing, and a traceback is 35 lines outside the log format for each.
@@ -846,7 +815,7 @@ def test_clients_that_give_up_mid_request_cost_no_traceback(pki: PKI, guarded: P
 
 
 def test_tls_connections_that_never_handshake_are_closed_and_scrapes_go_on(
-    pki: PKI, processes: Callable[..., Process]
+    pki: PKI, processes: Callable[..., Daemon]
 ) -> None:
     """600 connections that never start TLS: at most 256 held, each closed by its deadline."""
     from exporter.server.wsgi import MAX_CONNECTIONS, REQUEST_TIMEOUT
