@@ -172,6 +172,15 @@ def test_lint_strict_is_clean(values: dict[str, Any]) -> None:
     assert report["errors"] == [] and problems == []
 
 
+def validate_core(item: dict[str, Any]) -> None:
+    """A Kubernetes object, strictly against the schemas of each of KUBE_VERSIONS."""
+    for version in KUBE_VERSIONS:
+        try:
+            kubernetes_validate.validate(item, version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            pytest.fail(f"{item['kind']} {item['metadata']['name']} on {version}: {error}")
+
+
 @pytest.mark.parametrize("values", COMBINATIONS.values(), ids=COMBINATIONS.keys())
 def test_core_objects_validate_against_the_last_four_kubernetes_versions(
     loaded: helm.Chart, values: dict[str, Any]
@@ -181,11 +190,7 @@ def test_core_objects_validate_against_the_last_four_kubernetes_versions(
     for item in objects:
         if item["kind"] in OPERATOR_KINDS:
             continue
-        for version in KUBE_VERSIONS:
-            try:
-                kubernetes_validate.validate(item, version, strict=True)
-            except kubernetes_validate.ValidationError as error:
-                pytest.fail(f"{item['kind']} {item['metadata']['name']} on {version}: {error}")
+        validate_core(item)
         assert item["metadata"]["namespace"] == NAMESPACE or item["kind"] == "ConfigMap"
 
 

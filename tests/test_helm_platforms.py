@@ -29,7 +29,6 @@ from typing import Any
 
 import helm_python as helm
 import jsonschema
-import kubernetes_validate
 import pytest
 import requests
 import yaml
@@ -37,13 +36,13 @@ from helpers import ROOT, Daemon, follow, series, value_of, wait_until
 from kubelet_helpers import FakeKubelet, Pod
 from test_helm_chart import (
     CHART,
-    KUBE_VERSIONS,
     NAMESPACE,
     OPERATOR_APIS,
     OPERATOR_KINDS,
     render_chart,
     render_objects,
     the,
+    validate_core,
 )
 from test_web_config import Authority
 
@@ -189,11 +188,7 @@ def validate(item: dict[str, Any]) -> None:
             f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors
         )
         return
-    for version in KUBE_VERSIONS:
-        try:
-            kubernetes_validate.validate(item, version, strict=True)
-        except kubernetes_validate.ValidationError as error:
-            pytest.fail(f"{name} on {version}: {error}")
+    validate_core(item)
 
 
 @pytest.mark.parametrize(("values", "apis"), MATRIX.values(), ids=MATRIX.keys())

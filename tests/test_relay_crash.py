@@ -26,6 +26,14 @@ NOTIFICATIONS = 150
 KILLS = 4
 
 
+def kill_all(relays: list[Daemon]) -> None:
+    """Kill what is still running of the relays a test started."""
+    for relay in relays:
+        if relay.process.poll() is None:
+            relay.process.kill()
+            relay.process.wait()
+
+
 def metric(relay: Daemon, name: str, target: str = "hook") -> float | None:
     """A sample of the relay's /metrics for one target."""
     answer = requests.get(relay.url + "metrics", timeout=10)
@@ -103,10 +111,7 @@ def test_every_acknowledged_notification_arrives_exactly_once_after_dedup(tmp_pa
         assert metric(relay[-1], "gpuload_relay_queue_depth") == 0
         assert len(receiver.requests) == sum(keys.values())
     finally:
-        for process in relay:
-            if process.process.poll() is None:
-                process.process.kill()
-                process.process.wait()
+        kill_all(relay)
         receiver.close()
 
 
@@ -159,8 +164,5 @@ def test_a_resolve_stays_behind_its_trigger_across_a_kill(tmp_path: Path) -> Non
         assert actions() == ["trigger", "trigger", "trigger", "resolve"]
         assert len({request.json()["dedup_key"] for request in pager.requests}) == 1
     finally:
-        for process in relay:
-            if process.process.poll() is None:
-                process.process.kill()
-                process.process.wait()
+        kill_all(relay)
         pager.close()
