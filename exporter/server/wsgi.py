@@ -123,12 +123,11 @@ class Connections:
                 self._changed.notify()
             return held
 
-    def wait(self, held: Connection, seconds: float, *, idle: bool = False) -> float:
-        """The connection waits for a client for at most ``seconds``; returns the deadline."""
+    def idle(self, held: Connection) -> None:
+        """The connection waits for its next request, for at most KEEP_ALIVE_TIMEOUT."""
         with self._changed:
             held.since = time.monotonic()
-            held.deadline, held.idle = held.since + seconds, idle
-            return held.deadline
+            held.deadline, held.idle = held.since + KEEP_ALIVE_TIMEOUT, True
 
     def request_started(self, held: Connection) -> float:
         """A request line came in: the rest of its request within REQUEST_TIMEOUT."""
@@ -200,10 +199,10 @@ class Handler(StreamRequestHandler):
         connections = self.server.connections
         while True:
             try:
-                lines = self._read_head(held)
-                if lines is None:
+                head = self._read_head(held)
+                if head is None:
                     return
-                environ, keep_alive, body = self._environ(lines, connections.request_started(held))
+                environ, keep_alive, body = self._environ(*head)
             except _BadRequest as error:
                 self._send("GET", error.status, _PLAIN, f"{error}\n".encode(), False)
                 return
@@ -217,11 +216,15 @@ class Handler(StreamRequestHandler):
             if not keep_alive:
                 return
             self.connection.settimeout(self.timeout)
-            connections.wait(held, KEEP_ALIVE_TIMEOUT, idle=True)
+            connections.idle(held)
 
-    def _read_head(self, held: Connection) -> list[bytes] | None:
-        """The request line and header lines; None when the client closed between requests."""
+    def _read_head(self, held: Connection) -> tuple[list[bytes], float] | None:
+        """The request line and header lines, and the request's deadline.
+
+        None when the client closed between requests.
+        """
         lines: list[bytes] = []
+        deadline = 0.0
         left = MAX_HEAD
         while True:
             line = self.rfile.readline(left + 1)
@@ -236,10 +239,10 @@ class Handler(StreamRequestHandler):
                 return None
             if line in (b"\r\n", b"\n"):
                 if lines:
-                    return lines
+                    return lines, deadline
                 continue  # an empty line before the request line is ignored (RFC 9112)
             if not lines:
-                self.server.connections.request_started(held)
+                deadline = self.server.connections.request_started(held)
             lines.append(line.rstrip(b"\r\n"))
             if len(lines) > MAX_HEADER_LINES:
                 raise _BadRequest(
@@ -487,7 +490,7 @@ class _ThreadingServer(TCPServer):
             self.shutdown_request(request)
             return
         if answered == ANSWERED:
-            self.connections.wait(held, KEEP_ALIVE_TIMEOUT, idle=True)
+            self.connections.idle(held)
         with self._spare_lock:
             if self._spare:
                 self._spare -= 1
