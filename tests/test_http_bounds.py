@@ -28,6 +28,7 @@ from exporter.server.wsgi import MAX_CONNECTIONS, REQUEST_TIMEOUT
 
 SLOW = 2000
 LARGE = 30
+LEGITIMATE = 5
 
 
 def chart_request_bytes(component: str) -> int:
@@ -133,12 +134,10 @@ def hold_and_check(
     memory_request: int,
 ) -> None:
     with Attack(address, first_line) as attack:
-        started = time.monotonic()
-        answered = 0
-        # Legitimate requests while the slow connections are held and the large heads come.
-        while time.monotonic() - started < REQUEST_TIMEOUT / 2:
+        # Legitimate requests while the slow connections are held and the large heads come:
+        # each one must be answered (a count, not a duration: it holds on a busy machine).
+        for _ in range(LEGITIMATE):
             legitimate()
-            answered += 1
             time.sleep(0.2)
         threads = {pid: status_field(pid, "Threads") for pid in pids()}
         # Every slow connection the server held is closed by its deadline, though each one
@@ -149,9 +148,8 @@ def hold_and_check(
             what=f"the server to close every slow connection ({len(attack.ended)} closed)",
         )
         legitimate()
-        assert answered >= 3
         peak = sum(status_field(pid, "VmHWM") for pid in pids())
-        print(f"peak RSS {peak / 2**20:.1f} MiB, threads {threads}, {answered} answered")
+        print(f"peak RSS {peak / 2**20:.1f} MiB, threads {threads}")
         assert peak < memory_request, f"peak RSS {peak / 2**20:.1f} MiB"
         # A thread per connection held, at most: the server held at most MAX_CONNECTIONS.
         assert all(count < MAX_CONNECTIONS + 64 for count in threads.values()), threads
