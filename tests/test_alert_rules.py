@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -51,9 +54,9 @@ def test_every_threshold_reaches_the_rules() -> None:
     rendered = render.render(thresholds.parse(document))
     changed = rendered["gpuload-alerts.rules.yml"]
     assert changed != baseline["gpuload-alerts.rules.yml"]
-    assert "gpu:gpu_utilization_seconds:rate1m < 0.25" in changed
-    assert "gpu:gpu_idle_seconds:rate5m > 0.35" in changed
-    assert "for: 7m" in changed
+    assert "last_over_time(gpu:gpu_utilization_seconds:rate1m[3m]) < 0.25" in changed
+    assert "last_over_time(gpu:gpu_idle_seconds:rate1m[3m]) > 0.35" in changed
+    assert "min_over_time(gpu:gpu_utilization_seconds:rate1m[7m])" in changed
     assert "https://example.org/runbooks.md#gpuutilizationlow" in changed
     # The bottleneck class and the fleet states reuse the alerts' thresholds.
     recording = rendered["gpuload-recording.rules.yml"]
@@ -118,6 +121,31 @@ def test_bad_thresholds_name_the_key(key: str, value: object, message: str) -> N
     document["alerts"]["GPUUtilizationLow"][key] = value
     with pytest.raises(thresholds.ThresholdsError, match=message.replace(".", r"\.")):
         thresholds.parse(document)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda d: d.update(gap_tolerance="1m"),
+            "gap_tolerance: 1m is not longer than short_window (1m)",
+        ),
+        (
+            lambda d: d["alerts"]["GPUJobHung"].update({"for": "5m"}),
+            "alerts.GPUJobHung.for: GPUJobHung has no `for:` of its own",
+        ),
+    ],
+)
+def test_settings_that_belong_to_another_are_refused(
+    change: Callable[[dict[str, Any]], None], message: str
+) -> None:
+    """The gap tolerance must hold a short window; GPUJobHung judges GPUUtilizationHigh's window."""
+    document = yaml.safe_load(thresholds.DEFAULT_PATH.read_text(encoding="utf-8"))
+    change(document)
+    with pytest.raises(thresholds.ThresholdsError, match=re.escape(message)):
+        thresholds.parse(document)
+    loaded = thresholds.load()
+    assert loaded.alert("GPUJobHung").for_ == loaded.alert("GPUUtilizationHigh").for_
 
 
 def test_load_exposes_the_documented_defaults() -> None:

@@ -5,9 +5,10 @@ GPUUtilizationLow and GPUDataLoaderStarved on every GPU, `saturated` GPUUtilizat
 `hung-collective` GPUJobHung (and not GPUUtilizationHigh), `fell-off-bus` GPUFellOffBus, which
 stays the same firing alert across a restart of that node's exporter, and the healthy `training`
 node nothing at all. Prometheus loads a test copy of the rule files rendered from the shipped
-thresholds with two changes: both averaging windows are 30s instead of 5m and 1m (the rules record
-a window's rate once a node has been scraped for a whole window), and the `for:` durations are
-divided by 30 (5m -> 10s); the test proves the copy differs in nothing else. Alertmanager loads the
+thresholds with these changes: both averaging windows are 30s instead of 5m and 1m (the rules
+record a window's rate once a node has been scraped for a whole window), and the `for:` durations
+(GPUUtilizationHigh's window, which GPUJobHung shares, too) are divided by 30 (5m -> 10s), and the
+gap tolerance is 1m; the test proves the copy differs in nothing else. Alertmanager loads the
 inhibit rules that docs/runbooks.md documents, and the test proves each suppresses what it claims;
 it routes the alerts to a webhook receiver running in this test.
 """
@@ -55,7 +56,25 @@ pytestmark = pytest.mark.skipif(
 SPEEDUP = 30
 # The averaging window of the test copy: one period of `training`'s saw, a tenth of the shipped.
 WINDOW = "30s"
-TEST_THRESHOLDS = replace(thresholds.load(), window=WINDOW, short_window=WINDOW)
+SHIPPED = thresholds.load()
+# GPUUtilizationHigh and GPUJobHung judge their `for:` as a window inside the expression: it is
+# shortened through the thresholds.
+_HIGH = SHIPPED.alert("GPUUtilizationHigh")
+TEST_THRESHOLDS = replace(
+    SHIPPED,
+    window=WINDOW,
+    short_window=WINDOW,
+    # Longer than the window, as the thresholds require: the first sample after a gap is
+    # measured over it.
+    gap_tolerance="1m",
+    alerts={
+        **SHIPPED.alerts,
+        **{
+            name: replace(SHIPPED.alert(name), for_=f"{duration_seconds(_HIGH.for_) // SPEEDUP}s")
+            for name in ("GPUUtilizationHigh", "GPUJobHung")
+        },
+    },
+)
 RUNBOOKS = thresholds.RULES_DIR.parent / "docs" / "runbooks.md"
 AVERAGE = rules.recording_names(TEST_THRESHOLDS)["avg"]
 # The healthy `training` scenario saws with a 30 s period: 27 s near 96%, then a 3 s dip to 72%
@@ -366,6 +385,8 @@ def test_each_node_raises_its_alerts_inhibitions_hold_and_healthy_training_stays
     high = thresholds.load().alert("GPUUtilizationHigh").number("above") * 100
     starved_uuids = gpu_uuids(starved)
     held = f"for 5m \\(the mean of every {WINDOW} window\\)"
+    # GPUUtilizationHigh's window, shortened through the thresholds.
+    held_high = f"for {TEST_THRESHOLDS.alert('GPUUtilizationHigh').for_} \\(the mean of every {WINDOW} window\\)"
     for alert in of(at_manager, "GPUUtilizationLow", "data-starved"):
         value = check_alert(
             alert,
@@ -393,9 +414,10 @@ def test_each_node_raises_its_alerts_inhibitions_hold_and_healthy_training_stays
             uuids=starved_uuids,
             summary="A GPU keeps waiting for its input",
             description=(
-                rf"{{where}} averaged {{value}} utilization over the last {WINDOW} and sat fully"
-                r" idle, no kernel running, more than 20% of it: it finishes each batch and waits"
-                r" for the next one, the input pipeline does not keep up\."
+                r"{where} stayed below 60% utilization and sat fully idle, no kernel running, more"
+                rf" than 20% of the time {held}; {{value}} utilization over the last one: it"
+                r" finishes each batch and waits for the next one, the input pipeline does not"
+                r" keep up\."
             ),
         )
         assert alert["status"]["state"] == "active"
@@ -413,8 +435,8 @@ def test_each_node_raises_its_alerts_inhibitions_hold_and_healthy_training_stays
             uuids=saturated_uuids,
             summary="A GPU is saturated",
             description=(
-                rf"{{where}} kept its utilization above 95% {held} while drawing the power of real"
-                r" work; {value} over the last one: it has no headroom left\."
+                rf"{{where}} kept its utilization above 95% {held_high} and drew the power of real"
+                r" work; {value} in its least busy window: it has no headroom left\."
             ),
         )
         assert high < value <= 100
@@ -429,7 +451,7 @@ def test_each_node_raises_its_alerts_inhibitions_hold_and_healthy_training_stays
             uuids=hung_uuids,
             summary="A GPU looks busy but does no work",
             description=(
-                rf"{{where}} has run kernels all the time {held} while drawing only {{value}} of"
+                rf"{{where}} has run kernels all the time {held_high} while drawing at most {{value}} of"
                 r" its power limit \(below 25%\): kernels wait without computing, the sign of a"
                 r" hung collective \(NCCL\) or a deadlock\."
             ),

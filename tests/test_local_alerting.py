@@ -192,10 +192,10 @@ def test_rules_are_evaluated_once_per_evaluation_interval_on_every_cycle_s_histo
     # Up again at 70: still firing until the evaluation at 75 sees it.
     assert states[70] == ([], ["firing"])
     assert states[75] == (["resolved"], [])
-    # Every cycle's samples are in the history (gpu_up's horizon is a minute), not only the
-    # evaluated ones.
+    # Every cycle's samples are in the history (gpu_up's horizon is the gap tolerance, 3m),
+    # not only the evaluated ones.
     (points,) = evaluator.history.points("gpu_up", 0, 80).values()
-    assert [t for t, _ in points] == list(range(15, 80, 5))
+    assert [t for t, _ in points] == list(range(0, 80, 5))
 
 
 def test_an_evaluation_is_not_skipped_when_the_clock_goes_back() -> None:

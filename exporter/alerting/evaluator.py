@@ -21,6 +21,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from itertools import pairwise
 from operator import itemgetter
 from typing import TypeVar
 
@@ -42,12 +43,25 @@ NOT_LOCAL: Mapping[str, str] = {
     "GPUVanished": "the same: a GPU goes missing only across a restart of the exporter",
 }
 # Parts of alerts that cannot be evaluated locally, though the alert is.
+_HELD = (
+    "only its condition: the branch that keeps it firing while Prometheus cannot scrape the "
+    "exporter reads `up` and `ALERTS`, which a running exporter never sees"
+)
 PARTLY_LOCAL: Mapping[str, str] = {
+    "GPUUtilizationLow": _HELD,
+    "GPUDataLoaderStarved": _HELD,
+    "GPUMIGUtilizationLow": _HELD,
     "GPULoadStale": "only its `gpuload_gpu_stale` branch: the evaluator runs right after each "
     "collection cycle, so the age of the last collection is always fresh when it looks",
 }
 
 GPU_KEYS = ("instance", "job", "gpu", "uuid")
+# The short means the rules record (rules.recording_names: avg_short, idle_short,
+# mig_sm_active_short, power_short), under names of the evaluator's own history.
+RECORDED_UTILIZATION = "local:gpu_utilization:mean_short"
+RECORDED_IDLE = "local:gpu_idle:mean_short"
+RECORDED_MIG_SM_ACTIVE = "local:gpu_mig_sm_active:mean_short"
+RECORDED_POWER = "local:gpu_power_usage:ratio_short"
 NODE_KEYS = ("job", "instance", "node")
 # Prometheus's lookback for an instant selector (`x offset 1h` finds a sample up to 5m older).
 LOOKBACK_SECONDS = 300.0
@@ -86,6 +100,14 @@ FAMILIES = frozenset(
         "gpuload_kubernetes_pod_resources_up",
         "gpuload_last_collection_timestamp_seconds",
         "gpuload_gpu_stale",
+        # The recorded short means, which the evaluator records into its history as Prometheus
+        # does (the alerts read their last value, and their lowest and highest over a window).
+        *(
+            RECORDED_UTILIZATION,
+            RECORDED_IDLE,
+            RECORDED_MIG_SM_ACTIVE,
+            RECORDED_POWER,
+        ),
     }
 )
 
@@ -236,10 +258,12 @@ def _extrapolated(points: list[Point], start: float, end: float, per_second: boo
 class Context:
     """What one evaluation sees: the history at ``now``, with PromQL's selectors over it."""
 
-    def __init__(self, history: History, now: float, window: float) -> None:
+    def __init__(self, history: History, now: float, window: float, gap: float = 0.0) -> None:
         self.history = history
         self.now = now
         self.window = window
+        # thresholds.gap_tolerance in seconds: how long a missing reading is bridged.
+        self.gap = gap
         # Several rules read the same window of the same family: selected once per evaluation.
         self._windows: dict[tuple[str, float], dict[Labels, list[Point]]] = {}
 
@@ -277,10 +301,53 @@ class Context:
         return result
 
     def whole_window_rate(self, name: str, seconds: float | None = None) -> Vector:
-        """``rate(name[window]) and name offset window`` (rules.whole_window_rate)."""
+        """``rate(name[window]) and last_over_time(name[gap] offset window)``."""
         seconds = seconds or self.window
-        scraped = self.offset(name, seconds)
+        start = self.now - seconds
+        scraped = self.history.points(name, start - self.gap, start)
         return {labels: v for labels, v in self.rate(name, seconds).items() if labels in scraped}
+
+    def short_rate(self, name: str, seconds: float) -> Vector:
+        """rules.short_rate: the mean over the short window per second of collection time.
+
+        Over ``seconds``, else over the gap tolerance: where the counter was scraped up to a
+        short window before the window starts and not reset over the gap tolerance; only at a
+        fresh sample.
+        """
+        collected = {
+            _project(labels, ("instance", "job")): points
+            for labels, points in self.history.points(
+                rules.COLLECTED_AT, self.now - self.gap, self.now
+            ).items()
+        }
+        fresh = self.history.latest(name)
+        before = self.history.points(name, self.now - self.gap - seconds, self.now)
+        result: Vector = {}
+        for length in (seconds, self.gap):
+            start = self.now - length
+            for labels, points in self._in_window(name, length).items():
+                if labels in result or labels not in fresh:
+                    continue
+                earlier = before.get(labels, [])
+                if not any(start - seconds <= t <= start for t, _ in earlier):
+                    continue  # not scraped a window before the window starts
+                recent = [v for t, v in earlier if t >= self.now - self.gap]
+                if any(b < a for a, b in pairwise(recent)):
+                    continue  # reset: the exporter restarted
+                clock = [
+                    point
+                    for point in collected.get(_project(labels, ("instance", "job")), [])
+                    if point[0] >= start
+                ]
+                busy, elapsed = rate(points, start, self.now), rate(clock, start, self.now)
+                if busy is not None and elapsed:
+                    result[labels] = busy / elapsed
+        return result
+
+    def last(self, name: str, seconds: float, **matchers: str) -> Vector:
+        """``last_over_time(name{...}[seconds])``."""
+        found = _match(self.history.points(name, self.now - seconds, self.now), matchers)
+        return {labels: points[-1][1] for labels, points in found.items()}
 
     def increase(self, name: str, seconds: float, **matchers: str) -> Vector:
         """``increase(name{...}[seconds])``."""
@@ -316,13 +383,15 @@ def _match(series: Mapping[Labels, T], matchers: Mapping[str, str]) -> dict[Labe
 def _in_use(ctx: Context, t: Thresholds) -> set[Labels]:
     """gpu:gpu_in_use:group: a process, or memory above the floor (of the GPU or a MIG instance).
 
-    group without () (gpu_processes > 0 or gpu_memory_used_bytes > floor
-    or group without (mig_instance, mig_profile) (gpu_mig_memory_used_bytes > floor))
+    group without () (last_over_time(gpu_processes[gap]) > 0
+    or last_over_time(gpu_memory_used_bytes[gap]) > floor
+    or group without (mig_instance, mig_profile) (last_over_time(gpu_mig_memory_used_bytes[gap])
+    > floor))
     """
     floor = t.in_use_memory_floor_bytes
-    processes = where(ctx.latest("gpu_processes"), lambda v: v > 0)
-    memory = where(ctx.latest("gpu_memory_used_bytes"), lambda v: v > floor)
-    mig = where(ctx.latest("gpu_mig_memory_used_bytes"), lambda v: v > floor)
+    processes = where(ctx.last("gpu_processes", ctx.gap), lambda v: v > 0)
+    memory = where(ctx.last("gpu_memory_used_bytes", ctx.gap), lambda v: v > floor)
+    mig = where(ctx.last("gpu_mig_memory_used_bytes", ctx.gap), lambda v: v > floor)
     instances = {_without(labels, "mig_instance", "mig_profile"): 1.0 for labels in mig}
     return set(or_(or_(processes, memory), instances))
 
@@ -336,43 +405,76 @@ def _short(t: Thresholds) -> float:
     return float(duration_seconds(t.short_window))
 
 
-def _avg_short(ctx: Context, t: Thresholds) -> Vector:
-    """gpu:gpu_utilization_seconds:rate1m, the mean utilization over the short window."""
-    return ctx.whole_window_rate("gpu_utilization_seconds_total", _short(t))
+def record(ctx: Context, t: Thresholds) -> list[Sample]:
+    """The short means the recording rules record, to add to the history at ``ctx.now``.
+
+    rules.short_rate of the utilization, fully idle and MIG SM activity counters, and
+    avg_over_time(gpu_power_usage_watts[short]) / last_over_time(gpu_power_limit_watts[gap]).
+    """
+    short = _short(t)
+    power = binary(
+        ctx.over_time("gpu_power_usage_watts", lambda v: sum(v) / len(v), short),
+        ctx.last("gpu_power_limit_watts", ctx.gap),
+        lambda usage, limit: usage / limit if limit else float("nan"),
+    )
+    recorded = (
+        (RECORDED_UTILIZATION, ctx.short_rate("gpu_utilization_seconds_total", short)),
+        (RECORDED_IDLE, ctx.short_rate("gpu_idle_seconds_total", short)),
+        (RECORDED_MIG_SM_ACTIVE, ctx.short_rate("gpu_mig_sm_active_seconds_total", short)),
+        (RECORDED_POWER, power),
+    )
+    return [
+        Sample(name, labels, value)
+        for name, vector in recorded
+        for labels, value in vector.items()
+        if not math.isnan(value)
+    ]
 
 
 def utilization_low(ctx: Context, t: Thresholds) -> Vector:
-    """rate1m < below and on (GPU) in_use."""
+    """last_over_time(rate1m[gap]) < below and on (GPU) in_use."""
     below = t.alert("GPUUtilizationLow").number("below")
-    return and_on(where(_avg_short(ctx, t), lambda v: v < below), _in_use(ctx, t), GPU_KEYS)
+    low = where(ctx.last(RECORDED_UTILIZATION, ctx.gap), lambda v: v < below)
+    return and_on(low, _in_use(ctx, t), GPU_KEYS)
+
+
+def _above_for(ctx: Context, t: Thresholds) -> Vector:
+    """rules.above_for: min_over_time(rate1m[for]) > above, recorded a `for:` ago."""
+    high = t.alert("GPUUtilizationHigh")
+    window = float(duration_seconds(high.for_))
+    lowest = where(
+        ctx.over_time(RECORDED_UTILIZATION, min, window), lambda v: v > high.number("above")
+    )
+    start = ctx.now - window
+    covered = ctx.history.points(RECORDED_UTILIZATION, start - ctx.gap, start)
+    return {labels: value for labels, value in lowest.items() if labels in covered}
+
+
+def _hung_power(ctx: Context, t: Thresholds) -> Vector:
+    """rules.hung_power: max_over_time(power ratio[for]) < power_below and on (GPU) in_use."""
+    window = float(duration_seconds(t.alert("GPUUtilizationHigh").for_))
+    below = t.alert("GPUJobHung").number("power_below")
+    highest = where(ctx.over_time(RECORDED_POWER, max, window), lambda v: v < below)
+    return and_on(highest, _in_use(ctx, t), GPU_KEYS)
 
 
 def job_hung(ctx: Context, t: Thresholds) -> Vector:
-    """power_avg1m / limit < power_below and on (GPU) rate1m > above and on (GPU) in_use."""
-    above = t.alert("GPUUtilizationHigh").number("above")
-    power = binary(
-        ctx.over_time("gpu_power_usage_watts", lambda v: sum(v) / len(v), _short(t)),
-        ctx.latest("gpu_power_limit_watts"),
-        lambda usage, limit: usage / limit if limit else float("nan"),
-    )
-    low_power = where(power, lambda v: v < t.alert("GPUJobHung").number("power_below"))
-    busy = and_on(low_power, where(_avg_short(ctx, t), lambda v: v > above), GPU_KEYS)
-    return and_on(busy, _in_use(ctx, t), GPU_KEYS)
+    """hung_power and on (GPU) above_for."""
+    return and_on(_hung_power(ctx, t), _above_for(ctx, t), GPU_KEYS)
 
 
 def utilization_high(ctx: Context, t: Thresholds) -> Vector:
-    """rate1m > above unless on (GPU) (GPUJobHung's condition)."""
-    above = t.alert("GPUUtilizationHigh").number("above")
-    return unless_on(where(_avg_short(ctx, t), lambda v: v > above), job_hung(ctx, t), GPU_KEYS)
+    """above_for unless on (GPU) hung_power."""
+    return unless_on(_above_for(ctx, t), _hung_power(ctx, t), GPU_KEYS)
 
 
 def data_loader_starved(ctx: Context, t: Thresholds) -> Vector:
-    """rate5m < average_below > 0 and on (GPU) idle5m > idle_above and on (GPU) in_use."""
+    """rules.starved_condition on the bridged short means."""
     a = t.alert("GPUDataLoaderStarved")
-    result = where(_avg(ctx), lambda v: 0 < v < a.number("average_below"))
-    idle = where(
-        ctx.whole_window_rate("gpu_idle_seconds_total"), lambda v: v > a.number("idle_above")
+    result = where(
+        ctx.last(RECORDED_UTILIZATION, ctx.gap), lambda v: 0 < v < a.number("average_below")
     )
+    idle = where(ctx.last(RECORDED_IDLE, ctx.gap), lambda v: v > a.number("idle_above"))
     result = and_on(result, idle, GPU_KEYS)
     return and_on(result, _in_use(ctx, t), GPU_KEYS)
 
@@ -435,9 +537,9 @@ def idle_allocated(ctx: Context, t: Thresholds) -> Vector:
             if _project(labels, keys) in idle
         }
 
-    whole = joined(ctx.latest("gpu_pod_info", mig_instance=""), _avg(ctx), GPU_KEYS)
+    whole = joined(ctx.last("gpu_pod_info", ctx.gap, mig_instance=""), _avg(ctx), GPU_KEYS)
     mig = joined(
-        ctx.latest("gpu_pod_info", mig_instance=".+"),
+        ctx.last("gpu_pod_info", ctx.gap, mig_instance=".+"),
         ctx.whole_window_rate("gpu_mig_sm_active_seconds_total"),
         mig_keys,
     )
@@ -447,9 +549,9 @@ def idle_allocated(ctx: Context, t: Thresholds) -> Vector:
 def mig_utilization_low(ctx: Context, t: Thresholds) -> Vector:
     """The MIG SM activity rate1m < sm_active_below, where the instance holds memory > floor."""
     below = t.alert("GPUMIGUtilizationLow").number("sm_active_below")
-    active = ctx.whole_window_rate("gpu_mig_sm_active_seconds_total", _short(t))
+    active = ctx.last(RECORDED_MIG_SM_ACTIVE, ctx.gap)
     floor = t.in_use_memory_floor_bytes
-    used = where(ctx.latest("gpu_mig_memory_used_bytes"), lambda v: v > floor)
+    used = where(ctx.last("gpu_mig_memory_used_bytes", ctx.gap), lambda v: v > floor)
     return and_on(where(active, lambda v: v < below), used, (*GPU_KEYS, "mig_instance"))
 
 
@@ -694,10 +796,12 @@ class _RuleState:
 
 def history_horizon(thresholds: Thresholds, keep: float = 60.0) -> Callable[[str], float]:
     """How long the evaluator (and the status page's doctor) needs each family's samples."""
-    # The longer of the two windows, and a sample from before it: rates need it whole.
-    window = float(
-        max(duration_seconds(thresholds.window), duration_seconds(thresholds.short_window))
-    )
+    short = duration_seconds(thresholds.short_window)
+    gap = duration_seconds(thresholds.gap_tolerance)
+    # A window and the gap tolerance before it: rates need a sample from before the window,
+    # and the short means may reach back over a gap and a window more.
+    window = float(max(duration_seconds(thresholds.window), 2 * short) + gap)
+    above = duration_seconds(thresholds.alert("GPUUtilizationHigh").for_)
     xid = duration_seconds(thresholds.alert("GPUXidError").duration("window")) + LOOKBACK_SECONDS
     ecc = float(duration_seconds(thresholds.alert("GPUECCUncorrectable").duration("window")))
     windowed = {
@@ -706,8 +810,10 @@ def history_horizon(thresholds: Thresholds, keep: float = 60.0) -> Callable[[str
         "gpu_clock_event_active",
         "gpu_power_usage_watts",
         "gpu_mig_sm_active_seconds_total",
+        rules.COLLECTED_AT,
         *(f"gpu_{ratio}_seconds_total" for ratio in rules.GPM_RATIOS),
     }
+    recorded = {RECORDED_UTILIZATION, RECORDED_IDLE, RECORDED_MIG_SM_ACTIVE, RECORDED_POWER}
 
     def horizon(name: str) -> float:
         if name == "gpu_xid_errors_total":
@@ -716,7 +822,11 @@ def history_horizon(thresholds: Thresholds, keep: float = 60.0) -> Callable[[str
             return max(ecc, keep)
         if name in windowed:
             return window + keep
-        return keep
+        if name in recorded:
+            # GPUUtilizationHigh's window, and a recorded mean from before it.
+            return above + gap + keep
+        # A gauge's last value bridges a gap.
+        return max(keep, float(gap))
 
     return horizon
 
@@ -740,6 +850,7 @@ class Evaluator:
         keep = FAMILIES | frozenset(also_keep)
         self.history = history or History(history_horizon(thresholds), keep)
         self._window = float(duration_seconds(thresholds.window))
+        self._gap = float(duration_seconds(thresholds.gap_tolerance))
         self._states = [_RuleState(rule) for rule in local_rules(thresholds)]
         self._failing: set[str] = set()
         # A series' labels with the target's, as the same series come back every cycle.
@@ -801,7 +912,10 @@ class Evaluator:
 
     def evaluate(self, now: float) -> list[Alert]:
         """Evaluate every rule at ``now``; return the alerts that changed to firing or resolved."""
-        ctx = Context(self.history, now, self._window)
+        ctx = Context(self.history, now, self._window, self._gap)
+        # The recording rules first, as Prometheus settles them before the alerts.
+        self.history.add(record(ctx, self.thresholds), now)
+        ctx = Context(self.history, now, self._window, self._gap)
         changed: list[Alert] = []
         for state in self._states:
             try:

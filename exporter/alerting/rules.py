@@ -98,6 +98,7 @@ def recording_names(thresholds: Thresholds) -> dict[str, str]:
         "avg": f"gpu:gpu_utilization_seconds:rate{w}",
         "avg_short": f"gpu:gpu_utilization_seconds:rate{short}",
         "idle": f"gpu:gpu_idle_seconds:rate{w}",
+        "idle_short": f"gpu:gpu_idle_seconds:rate{short}",
         "in_use": "gpu:gpu_in_use:group",
         "memory_used": "gpu:gpu_memory_used:ratio",
         "clock_events": f"gpu:gpu_clock_event_active:avg{w}",
@@ -120,14 +121,63 @@ def recording_names(thresholds: Thresholds) -> dict[str, str]:
     }
 
 
-def whole_window_rate(counter: str, window: str) -> str:
+def whole_window_rate(counter: str, window: str, gap: str) -> str:
     """``rate(counter[window])`` where the counter was scraped a whole window ago, else nothing.
 
-    A counter first scraped less than a window ago (a new node, a restarted exporter) covers only
-    part of the window, and ``rate()`` divides its increase by the whole window: a busy GPU
-    would read 20% one minute into a 5m window and raise GPUUtilizationLow on every new node.
+    A counter first scraped less than a window ago (a new node) covers only part of the window,
+    and ``rate()`` divides its increase by the whole window: a busy GPU would read 20% one minute
+    into a 5m window and raise GPUUtilizationLow on every new node. "Scraped a window ago" looks
+    for a sample within ``gap`` before then (``last_over_time``), not at that instant: an instant
+    lookup lands on the staleness marker of a failed scrape, a window after it.
     """
-    return f"rate({counter}[{window}])\nand\n{counter} offset {window}"
+    return f"rate({counter}[{window}])\nand\nlast_over_time({counter}[{gap}] offset {window})"
+
+
+# The Unix time of the collection each scrape's samples come from, one series per exporter.
+COLLECTED_AT = "gpuload_last_collection_timestamp_seconds"
+
+
+def short_rate(counter: str, window: str, gap: str) -> str:
+    """The mean of a counter of seconds over the short window, measured across gaps and restarts.
+
+    - The counter's increase is divided by the increase of the collection time between the same
+      samples, not by the window: ``rate()`` of both is extrapolated alike, so the ratio is the
+      exact mean between the first and the last sample, however late a collection was, however
+      many scrapes failed inside the window (where ``rate()`` alone extrapolates a window with
+      a missing sample at an edge by half a scrape interval and reads 20% low).
+    - A window counts only where the counter covers all of it: it had a sample within a window
+      before the window starts, and no reset over the gap tolerance. A restarted exporter's
+      counters start again at 0 and lose the seconds it was down, so a window holding the
+      reset, or starting before the new counter did, would divide what was counted by more time
+      than it covers (a 97% GPU read 22%).
+    - Where the short window has no such measurement because scrapes failed, the first sample
+      after the gap is measured against the samples before it, over the gap tolerance: the gap's
+      seconds are counted, so a gap the GPU spent busy breaks a low stretch.
+    - Only at a fresh sample (``and {counter}``: a failed scrape leaves a staleness marker, which
+      an instant selector does not look past): a gap has no reading, not the last one again.
+    """
+
+    def mean(length: str) -> str:
+        return (
+            f"rate({counter}[{length}]) / on (instance, job) group_left ()"
+            f" rate({COLLECTED_AT}[{length}])\n"
+            f"  unless resets({counter}[{gap}]) > 0\n"
+            f"  and last_over_time({counter}[{window}] offset {length})"
+        )
+
+    return f"(\n  {mean(window)}\n  or\n  {mean(gap)}\n)\nand {counter}"
+
+
+def bridged(series: str, gap: str) -> str:
+    """A recorded series or gauge, its last value over the gap tolerance.
+
+    An alert's `for:` restarts whenever its expression returns nothing for one evaluation: after
+    a failed scrape (the gauges are stale), while a counter reset keeps the short rate from
+    being measured, during a gap. The last reading carries the condition across, for at most
+    ``gap``; a real reading that breaks the condition (a job that ended reads 0 processes)
+    breaks it at once.
+    """
+    return f"last_over_time({series}[{gap}])"
 
 
 def recording_group(thresholds: Thresholds) -> dict[str, Any]:
@@ -136,33 +186,42 @@ def recording_group(thresholds: Thresholds) -> dict[str, Any]:
     w = thresholds.window
     floor = thresholds.in_use_memory_floor_bytes
     pipes = "|".join(COMPUTE_PIPES)
-    short = thresholds.short_window
+    short, gap = thresholds.short_window, thresholds.gap_tolerance
     rules: list[Rule] = [
         {
             # The sustained utilization alerts hold when every short window's mean does.
             "record": names["avg_short"],
-            "expr": whole_window_rate("gpu_utilization_seconds_total", short),
+            "expr": short_rate("gpu_utilization_seconds_total", short, gap),
         },
-        {"record": names["avg"], "expr": whole_window_rate("gpu_utilization_seconds_total", w)},
+        {
+            "record": names["avg"],
+            "expr": whole_window_rate("gpu_utilization_seconds_total", w, gap),
+        },
         {
             # The fraction of the window in which the GPU ran no kernel at all.
             "record": names["idle"],
-            "expr": whole_window_rate("gpu_idle_seconds_total", w),
+            "expr": whole_window_rate("gpu_idle_seconds_total", w, gap),
+        },
+        {
+            # The same over the short window: GPUDataLoaderStarved judges GPUUtilizationLow's.
+            "record": names["idle_short"],
+            "expr": short_rate("gpu_idle_seconds_total", short, gap),
         },
         {
             # 1 for every GPU that has a process or holds memory above the floor, itself or in
             # one of its MIG instances (an unprivileged exporter sees only the instances' memory
             # on a MIG GPU). gpu_processes may be absent (older gpuload, collector off, no host
-            # PID namespace): memory alone still decides.
+            # PID namespace): memory alone still decides. The gauges' last readings over the gap
+            # tolerance: a failed scrape must not end a job.
             "record": names["in_use"],
             "expr": (
                 "group without () (\n"
-                "  gpu_processes > 0\n"
+                f"  {bridged('gpu_processes', gap)} > 0\n"
                 "  or\n"
-                f"  gpu_memory_used_bytes > {floor}\n"
+                f"  {bridged('gpu_memory_used_bytes', gap)} > {floor}\n"
                 "  or\n"
                 "  group without (mig_instance, mig_profile) (\n"
-                f"    gpu_mig_memory_used_bytes > {floor}\n"
+                f"    {bridged('gpu_mig_memory_used_bytes', gap)} > {floor}\n"
                 "  )\n"
                 ")"
             ),
@@ -179,23 +238,29 @@ def recording_group(thresholds: Thresholds) -> dict[str, Any]:
         },
     ]
     rules += [
-        {"record": names[ratio], "expr": whole_window_rate(f"gpu_{ratio}_seconds_total", w)}
+        {
+            "record": names[ratio],
+            "expr": whole_window_rate(f"gpu_{ratio}_seconds_total", w, gap),
+        }
         for ratio in GPM_RATIOS
     ]
     rules += [
         {
             # A MIG instance's load: NVML has no utilization per instance, GPM has SM activity.
             "record": names["mig_sm_active"],
-            "expr": whole_window_rate("gpu_mig_sm_active_seconds_total", w),
+            "expr": whole_window_rate("gpu_mig_sm_active_seconds_total", w, gap),
         },
         {
             "record": names["mig_sm_active_short"],
-            "expr": whole_window_rate("gpu_mig_sm_active_seconds_total", short),
+            "expr": short_rate("gpu_mig_sm_active_seconds_total", short, gap),
         },
         {
             # The power drawn as a fraction of the limit (a gauge: no counter of energy is read).
             "record": names["power_short"],
-            "expr": f"avg_over_time(gpu_power_usage_watts[{short}]) / gpu_power_limit_watts",
+            "expr": (
+                f"avg_over_time(gpu_power_usage_watts[{short}])\n"
+                f"/ {bridged('gpu_power_limit_watts', gap)}"
+            ),
         },
     ]
     rules.append(
@@ -348,7 +413,11 @@ def bottleneck_rules(thresholds: Thresholds) -> list[Rule]:
     # (bottleneck, the alert whose runbook explains it, expression). A later class may exclude an
     # earlier one: the rules of a group run in order, at one evaluation time.
     classes: list[tuple[str, str | None, str]] = [
-        ("input_starved", "GPUDataLoaderStarved", starved_condition(thresholds)),
+        (
+            "input_starved",
+            "GPUDataLoaderStarved",
+            starved_condition(thresholds, names["avg"], names["idle"]),
+        ),
         (
             "underutilized",
             "GPUUtilizationLow",
@@ -414,8 +483,8 @@ def bottleneck_rules(thresholds: Thresholds) -> list[Rule]:
     return rules
 
 
-def starved_condition(thresholds: Thresholds) -> str:
-    """GPUDataLoaderStarved's condition, shared by the alert and the bottleneck class.
+def starved_condition(thresholds: Thresholds, utilization: str, idle: str) -> str:
+    """GPUDataLoaderStarved's condition on the given means: the alert's and the bottleneck class's.
 
     In use, a mean utilization below ``average_below`` but above zero (a GPU that ran nothing
     waits for no batch), and fully idle more than ``idle_above`` of the window: it finishes each
@@ -424,26 +493,67 @@ def starved_condition(thresholds: Thresholds) -> str:
     names = recording_names(thresholds)
     starved = thresholds.alert("GPUDataLoaderStarved")
     return (
-        f"{names['avg']} < {_num(starved.number('average_below'))} > 0\n"
-        f"and on ({GPU}) {names['idle']} > {_num(starved.number('idle_above'))}\n"
+        f"{utilization} < {_num(starved.number('average_below'))} > 0\n"
+        f"and on ({GPU}) {idle} > {_num(starved.number('idle_above'))}\n"
         f"and on ({GPU}) {names['in_use']}"
     )
 
 
-def hung_condition(thresholds: Thresholds) -> str:
-    """GPUJobHung's condition, which GPUUtilizationHigh excludes; its value is the power ratio.
+def above_for(thresholds: Thresholds) -> str:
+    """Utilization above GPUUtilizationHigh's threshold in every short window for its `for:`.
 
-    Busy by NVML's utilization over the short window, yet drawing less than ``power_below`` of
-    the power limit: kernels are resident (a hung NCCL collective spins in one) but do no
-    arithmetic and move no memory, which is what draws power.
+    GPUUtilizationHigh and GPUJobHung split this one condition by power, so exactly one of them
+    fires for a GPU above the threshold, whatever its power does. Each judges the last `for:` as
+    one window, with no pending state: two `for:` clocks would restart each other whenever the
+    power crossed the line between them. The lowest short-window mean of the window is above the
+    threshold, and the short mean was already recorded a `for:` ago (within the gap tolerance):
+    the window is whole. A short mean missing inside the window (a restart, a gap) is skipped.
     """
     names = recording_names(thresholds)
     high = thresholds.alert("GPUUtilizationHigh")
-    hung = thresholds.alert("GPUJobHung")
+    window = high.for_
     return (
-        f"{names['power_short']} < {_num(hung.number('power_below'))}\n"
-        f"and on ({GPU}) {names['avg_short']} > {_num(high.number('above'))}\n"
+        f"min_over_time({names['avg_short']}[{window}]) > {_num(high.number('above'))}\n"
+        f"and on ({GPU}) last_over_time({names['avg_short']}[{thresholds.gap_tolerance}]"
+        f" offset {window})"
+    )
+
+
+def hung_power(thresholds: Thresholds) -> str:
+    """GPUJobHung's power condition, which GPUUtilizationHigh excludes; its value is the power.
+
+    Every short-window mean of the power drawn over GPUUtilizationHigh's `for:` stayed below
+    ``power_below`` of the limit, on a GPU in use: kernels are resident (a hung NCCL collective
+    spins in one) but do no arithmetic and move no memory, which is what draws power. One short
+    window of real power makes the GPU busy, not hung: that is the hysteresis.
+    """
+    names = recording_names(thresholds)
+    hung = thresholds.alert("GPUJobHung")
+    window = thresholds.alert("GPUUtilizationHigh").for_
+    return (
+        f"max_over_time({names['power_short']}[{window}]) < {_num(hung.number('power_below'))}\n"
         f"and on ({GPU}) {names['in_use']}"
+    )
+
+
+def held_while_down(thresholds: Thresholds, name: str, value: str, keys: str) -> str:
+    """A firing alert of a GPU whose exporter cannot be scraped, until GPULoadExporterDown fires.
+
+    A dead exporter's series go stale and its alerts would resolve at once, minutes before
+    GPULoadExporterDown (`up == 0` for its `for:`) says the node is unmonitored: nothing would
+    cover the GPU meanwhile, and the on-call would read "resolved". While Prometheus fails to
+    scrape the target, an alert that was firing stays firing with its last value, until
+    GPULoadExporterDown fires. (A target that is gone altogether is GPULoadExporterAbsent's.)
+    """
+    down, gap = thresholds.alert("GPULoadExporterDown").for_, thresholds.gap_tolerance
+    # Its last value: within the gap tolerance, or before it by as long as the wait for
+    # GPULoadExporterDown (the window of last_over_time cannot be a sum of settings).
+    return (
+        f"(\n  last_over_time({value}[{gap}])\n"
+        f"  or\n  last_over_time({value}[{down}] offset {gap})\n)\n"
+        f'and on ({keys}) ALERTS{{alertname="{name}",alertstate="firing"}}\n'
+        f'and on (instance, job) up{{job=~"{thresholds.exporter_job_regex}"}} == 0\n'
+        'unless on (instance, job) ALERTS{alertname="GPULoadExporterDown",alertstate="firing"}'
     )
 
 
@@ -465,16 +575,28 @@ def utilization_alerts(thresholds: Thresholds) -> list[Rule]:
     in_use_avg = f"{names['avg']} {in_use}"
     mig = f"{GPU}, mig_instance"
 
+    gap = thresholds.gap_tolerance
+
     def held(name: str) -> str:
         """'Held for 5 minutes': the alert's `for:`, over the mean of every short window."""
         return f"for {thresholds.alert(name).for_} (the mean of every {short} window)"
 
-    hung_indented = hung_condition(thresholds).replace("\n", "\n  ")
+    def or_held(name: str, condition: str, value: str, keys: str = GPU) -> str:
+        return f"{condition}\nor\n{held_while_down(thresholds, name, value, keys)}"
+
+    above = above_for(thresholds)
+    # The pods holding a whole GPU and a MIG instance; a failed scrape must not restart the wait.
+    whole_pods = bridged('gpu_pod_info{mig_instance=""}', gap)
+    mig_pods = bridged('gpu_pod_info{mig_instance!=""}', gap)
     return [
         _alert(
             thresholds,
             "GPUUtilizationLow",
-            f"{names['avg_short']} < {_num(low.number('below'))}\n{in_use}",
+            or_held(
+                "GPUUtilizationLow",
+                f"{bridged(names['avg_short'], gap)} < {_num(low.number('below'))}\n{in_use}",
+                names["avg_short"],
+            ),
             "A GPU in use is mostly idle",
             f"{WHERE} has work on it but its utilization stayed below"
             f" {_pct(low.number('below'))} {held('GPUUtilizationLow')};"
@@ -484,34 +606,42 @@ def utilization_alerts(thresholds: Thresholds) -> list[Rule]:
         _alert(
             thresholds,
             "GPUUtilizationHigh",
-            f"{names['avg_short']} > {_num(high.number('above'))}\n"
-            f"unless on ({GPU}) (\n  {hung_indented}\n)",
+            f"{above}\nunless on ({GPU}) (\n{_indented(hung_power(thresholds))}\n)",
             "A GPU is saturated",
             f"{WHERE} kept its utilization above {_pct(high.number('above'))}"
-            f" {held('GPUUtilizationHigh')} while drawing the power of real work; {PERCENT} over"
-            " the last one: it has no headroom left.",
+            f" {held('GPUUtilizationHigh')} and drew the power of real work; {PERCENT} in its"
+            " least busy window: it has no headroom left.",
             value=PERCENT,
+            windowed=True,
         ),
         _alert(
             thresholds,
             "GPUJobHung",
-            hung_condition(thresholds),
+            f"{hung_power(thresholds)}\nand on ({GPU}) (\n{_indented(above)}\n)",
             "A GPU looks busy but does no work",
-            f"{WHERE} has run kernels all the time {held('GPUJobHung')} while drawing only"
+            f"{WHERE} has run kernels all the time {held('GPUJobHung')} while drawing at most"
             f" {{{{ $value | humanizePercentage }}}} of its power limit (below"
             f" {_pct(hung.number('power_below'))}): kernels wait without computing, the sign of"
             " a hung collective (NCCL) or a deadlock.",
             value=PERCENT + " of the power limit",
+            windowed=True,
         ),
         _alert(
             thresholds,
             "GPUDataLoaderStarved",
-            starved_condition(thresholds),
+            or_held(
+                "GPUDataLoaderStarved",
+                starved_condition(
+                    thresholds, bridged(names["avg_short"], gap), bridged(names["idle_short"], gap)
+                ),
+                names["avg_short"],
+            ),
             "A GPU keeps waiting for its input",
-            f"{WHERE} averaged {{{{ $value | humanizePercentage }}}} utilization over the last"
-            f" {w} and sat fully idle, no kernel running, more than"
-            f" {_pct(starved.number('idle_above'))} of it: it finishes each batch and waits for"
-            " the next one, the input pipeline does not keep up.",
+            f"{WHERE} stayed below {_pct(starved.number('average_below'))} utilization and sat"
+            f" fully idle, no kernel running, more than {_pct(starved.number('idle_above'))} of"
+            f" the time {held('GPUDataLoaderStarved')}; {PERCENT} utilization over the last one:"
+            " it finishes each batch and waits for the next one, the input pipeline does not"
+            " keep up.",
             value=PERCENT,
         ),
         _alert(
@@ -563,11 +693,11 @@ def utilization_alerts(thresholds: Thresholds) -> list[Rule]:
             # gpu_pod_info on the left: a time-sliced GPU has several pods, one alert each. A
             # whole GPU is judged by its utilization, a MIG instance by its SM activity.
             (
-                'gpu_pod_info{mig_instance=""}\n'
+                f"{whole_pods}\n"
                 f"* on ({GPU}) group_left ()\n"
                 f"({names['avg']} < {_num(idle.number('below'))})\n"
                 "or\n"
-                'gpu_pod_info{mig_instance!=""}\n'
+                f"{mig_pods}\n"
                 f"* on ({mig}) group_left ()\n"
                 f"({names['mig_sm_active']} < {_num(idle.number('below'))})"
             ),
@@ -581,9 +711,13 @@ def utilization_alerts(thresholds: Thresholds) -> list[Rule]:
         _alert(
             thresholds,
             "GPUMIGUtilizationLow",
-            (
-                f"{names['mig_sm_active_short']} < {_num(mig_low.number('sm_active_below'))}\n"
-                f"and on ({mig}) gpu_mig_memory_used_bytes > {floor}"
+            or_held(
+                "GPUMIGUtilizationLow",
+                f"{bridged(names['mig_sm_active_short'], gap)}"
+                f" < {_num(mig_low.number('sm_active_below'))}\n"
+                f"and on ({mig}) {bridged('gpu_mig_memory_used_bytes', gap)} > {floor}",
+                names["mig_sm_active_short"],
+                mig,
             ),
             "A MIG instance in use is mostly idle",
             f"{WHERE}{MIG_INSTANCE} holds memory but its SMs stayed busy less than"
@@ -913,11 +1047,19 @@ def exporter_alerts(thresholds: Thresholds) -> list[Rule]:
 
 
 def _alert(
-    thresholds: Thresholds, name: str, expr: str, summary: str, description: str, *, value: str
+    thresholds: Thresholds,
+    name: str,
+    expr: str,
+    summary: str,
+    description: str,
+    *,
+    value: str,
+    windowed: bool = False,
 ) -> Rule:
+    """One alerting rule; ``windowed``: its expression judges the `for:` itself (no `for:`)."""
     settings = thresholds.alert(name)
     rule: Rule = {"alert": name, "expr": expr}
-    if duration_seconds(settings.for_):
+    if duration_seconds(settings.for_) and not windowed:
         rule["for"] = settings.for_
     if duration_seconds(settings.keep_firing_for):
         rule["keep_firing_for"] = settings.keep_firing_for
@@ -929,6 +1071,11 @@ def _alert(
         "runbook_url": thresholds.runbook_url(name),
     }
     return rule
+
+
+def _indented(expr: str) -> str:
+    """A sub-expression indented by two spaces, to sit inside parentheses."""
+    return "\n".join(f"  {line}" for line in expr.split("\n"))
 
 
 def _num(value: float) -> str:

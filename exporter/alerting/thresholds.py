@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -61,6 +61,10 @@ PARAMETERS: Mapping[str, Mapping[str, str]] = {
     "GPULoadNVMLDown": {},
     "GPULoadStale": {"max_age": "duration"},
 }
+
+# Alerts that judge another alert's window and so have no `for:` of their own: GPUJobHung and
+# GPUUtilizationHigh split one condition by power, over one window (rules.above_for).
+SHARED_FOR: Mapping[str, str] = {"GPUJobHung": "GPUUtilizationHigh"}
 
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 _UNIT_SECONDS = (86400, 3600, 60, 1)
@@ -125,6 +129,7 @@ class Thresholds:
     in_use_memory_floor_bytes: int
     window: str
     short_window: str
+    gap_tolerance: str
     alerts: Mapping[str, AlertThresholds]
     bottlenecks: BottleneckThresholds
 
@@ -166,6 +171,7 @@ def parse(document: object, origin: str = "thresholds") -> Thresholds:
             "in_use_memory_floor_bytes",
             "window",
             "short_window",
+            "gap_tolerance",
             "bottlenecks",
             "alerts",
         },
@@ -187,6 +193,13 @@ def parse(document: object, origin: str = "thresholds") -> Thresholds:
         )
     window = _duration(top.get("window"), origin, "window")
     short_window = _duration(top.get("short_window"), origin, "short_window")
+    gap_tolerance = _duration(top.get("gap_tolerance"), origin, "gap_tolerance")
+    if duration_seconds(gap_tolerance) <= duration_seconds(short_window):
+        raise ThresholdsError(
+            f"{origin}: gap_tolerance: {gap_tolerance} is not longer than short_window"
+            f" ({short_window}): the first sample after a gap is measured over gap_tolerance, a"
+            " window that must hold the short one and the gap"
+        )
     entries = _mapping(top.get("alerts"), origin, "alerts")
     _no_unknown_keys(entries, set(PARAMETERS), origin, "alerts")
     alerts = {}
@@ -194,9 +207,18 @@ def parse(document: object, origin: str = "thresholds") -> Thresholds:
         if name not in entries:
             raise ThresholdsError(f"{origin}: alerts.{name}: missing")
         alerts[name] = _alert(name, kinds, entries[name], origin)
+    for name, owner in SHARED_FOR.items():
+        alerts[name] = replace(alerts[name], for_=alerts[owner].for_)
     bottlenecks = _bottlenecks(top.get("bottlenecks"), origin)
     return Thresholds(
-        base_url.rstrip("/"), job_regex, floor, window, short_window, alerts, bottlenecks
+        base_url.rstrip("/"),
+        job_regex,
+        floor,
+        window,
+        short_window,
+        gap_tolerance,
+        alerts,
+        bottlenecks,
     )
 
 
@@ -225,7 +247,15 @@ def _alert(name: str, kinds: Mapping[str, str], entry: object, origin: str) -> A
         raise ThresholdsError(
             f"{origin}: {path}.severity: expected one of {', '.join(SEVERITIES)}, got {severity!r}"
         )
-    for_ = _duration(fields.get("for"), origin, f"{path}.for")
+    if name in SHARED_FOR:
+        if "for" in fields:
+            raise ThresholdsError(
+                f"{origin}: {path}.for: {name} has no `for:` of its own: it judges"
+                f" {SHARED_FOR[name]}'s, set it there"
+            )
+        for_ = "0s"  # replaced by the other alert's in parse()
+    else:
+        for_ = _duration(fields.get("for"), origin, f"{path}.for")
     keep = _duration(fields.get("keep_firing_for", "0s"), origin, f"{path}.keep_firing_for")
     parameters: dict[str, Any] = {}
     for key, kind in kinds.items():

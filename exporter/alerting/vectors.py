@@ -5,7 +5,9 @@ expanding notation (``0.29x20``, ``0+1x10``, ``stale``; ``_`` only before a seri
 because Prometheus looks back over a later gap and the exporter does not), the alerts it is
 about, and checks: at a time, which of those alerts fire, with which labels and value. Every
 series and expected alert also gets ``instance="n1:19400"`` and ``job="gpuload"``, the target
-labels Prometheus would add; ``severity`` and ``alertname`` come from the rule.
+labels Prometheus would add; ``severity`` and ``alertname`` come from the rule. A case without
+``gpuload_last_collection_timestamp_seconds`` gets one, the time of every step, as an exporter
+exports it with every scrape.
 
 :func:`to_promtool` turns a file into a ``promtool test rules`` file against the shipped rule
 files, with the expected annotations rendered from the rule's templates and the expected value;
@@ -32,7 +34,7 @@ import yaml
 from exporter.alerting import templates
 from exporter.alerting.evaluator import Evaluator, local_rules
 from exporter.alerting.history import Labels, Sample
-from exporter.alerting.rules import group_names
+from exporter.alerting.rules import COLLECTED_AT, group_names
 from exporter.alerting.thresholds import RULES_DIR, Thresholds, duration_seconds, load
 
 VECTORS_DIR = RULES_DIR / "vectors"
@@ -158,6 +160,11 @@ def load_case(entry: Mapping[str, Any], where: str) -> Case:
         if isinstance(error, VectorError):
             raise
         raise VectorError(f"{where}: {error}") from error
+    if not any(item.name == COLLECTED_AT for item in series):
+        # The exporter's time of collection, every step, as every gpuload exports it: the short
+        # means divide by it.
+        steps = max((len(item.values) for item in series), default=0)
+        series.append(Series(COLLECTED_AT, (), tuple(step * interval for step in range(steps))))
     return Case(str(entry.get("name", where)), interval, alerts, tuple(series), tuple(checks))
 
 
