@@ -742,10 +742,11 @@ class Collection:
             self._problems.report(
                 ("refused", collector, read),
                 "collector %s: NVML refused %s to this process on GPU %s (NO_PERMISSION); "
-                "the series is absent. %s",
+                "the series is absent%s. %s",
                 collector,
                 read,
                 ", ".join(map(str, gpus)),
+                _REFUSAL_COSTS.get((collector, read), ""),
                 _PERMISSION_HINT,
             )
         return refused
@@ -803,6 +804,14 @@ def _close_all(collectors: Mapping[str, Any]) -> None:
 
 # What to change when NVML refuses a read (nvml.h: MIG whole-GPU memory and processes "only if
 # the caller has appropriate privileges"; GPM in containers, DCGM issue 214).
+# What a refused read costs the alerts, said with the refusal.
+_REFUSAL_COSTS = {
+    ("mig", "gpm_sample"): (
+        ": MIG instances have no SM activity, so GPUMIGUtilizationLow and GPUIdleAllocated"
+        " cannot judge them"
+    ),
+    ("gpm", "gpm_sample"): ": no GPM profiling, so GPUMemoryBandwidthBound cannot fire",
+}
 _PERMISSION_HINT = (
     "NVML answers it only to a privileged caller: run gpuload as root (Helm: "
     "exporter.securityContext.runAsUser: 0 and runAsNonRoot: false) if you need it"

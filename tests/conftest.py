@@ -10,6 +10,14 @@ import pytest
 from helpers import Daemon, start_daemon
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "real_time: runs for real minutes against a real engine; scripts/test runs these in a"
+        " process of their own beside the main suite",
+    )
+
+
 @pytest.fixture
 def daemon_factory() -> Iterator[Callable[..., Daemon]]:
     started: list[Daemon] = []

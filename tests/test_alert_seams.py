@@ -8,280 +8,34 @@ and every expectation is a PromQL expression over `ALERTS` with a known answer: 
 fired (``first_fired``), that it never fired, that exactly one of two fired at every evaluation.
 
 A disturbed exporter is compared with an undisturbed twin in the same stretch: the disturbance
-must not restart the wait. docs/runbooks.md's table of firing delays is checked here too: each row
-is the first firing of an alert after its condition starts, as these cases measure it.
+must not restart the wait. The timelines and expectations are tests/alert_timelines.py's.
 """
 
 from __future__ import annotations
 
 import random
 import shutil
-import subprocess
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import yaml
-
-from exporter.alerting import thresholds
-from exporter.alerting.rules import group_names
+from alert_timelines import (
+    Expect,
+    Exporter,
+    alert_labels,
+    alerts,
+    at_every_evaluation,
+    constant,
+    fires_between,
+    fires_with,
+    first_fired,
+    last_fired,
+    never,
+    run_promtool,
+    steps,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing")
-
-RULE_FILES = [
-    str(thresholds.RULES_DIR / "gpuload-recording.rules.yml"),
-    str(thresholds.RULES_DIR / "gpuload-alerts.rules.yml"),
-]
-RUNBOOKS = Path(__file__).resolve().parents[1] / "docs" / "runbooks.md"
-POWER_LIMIT = 700.0
-MEMORY_USED = 40 * 2**30
-# Where a case's evaluations end (seconds); every expectation is evaluated there.
-END = 20 * 60
-
-
-def constant(value: float) -> Callable[[float], float]:
-    return lambda t: value
-
-
-def steps(*pieces: tuple[float, float]) -> Callable[[float], float]:
-    """A value by time: ``steps((0, 0.9), (120, 0.25))`` is 90% from 0 s and 25% from 120 s."""
-
-    def value(t: float) -> float:
-        current = pieces[0][1]
-        for start, level in pieces:
-            if t >= start:
-                current = level
-        return current
-
-    return value
-
-
-@dataclass
-class Exporter:
-    """One node's gpuload with one GPU, as Prometheus scrapes it.
-
-    ``down``: intervals (start, end) in which every scrape fails. ``restarts``: times the process
-    started again (its counters count from there). ``utilization`` and ``idle`` are fractions of
-    each second; ``power`` is in watts (``None``: the GPU reports none).
-    """
-
-    name: str
-    utilization: Callable[[float], float]
-    idle: Callable[[float], float] = field(default=lambda t: 0.0)
-    power: Callable[[float], float] = field(default=lambda t: 560.0)
-    processes: Callable[[float], float] = field(default=lambda t: 1.0)
-    down: Sequence[tuple[float, float]] = ()
-    restarts: Sequence[float] = ()
-    labels: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def instance(self) -> str:
-        return f"{self.name}:19400"
-
-    def scraped(self, t: float) -> bool:
-        return not any(start <= t < end for start, end in self.down)
-
-    def started(self, t: float) -> float:
-        return max([0.0, *(r for r in self.restarts if r <= t)])
-
-
-def integral(rate: Callable[[float], float], start: float, end: float) -> float:
-    """The seconds counted from ``start`` to ``end`` at ``rate`` (quarter-second steps)."""
-    total, t = 0.0, start
-    while t < end:
-        dt = min(0.25, end - t)
-        total += rate(t) * dt
-        t += dt
-    return total
-
-
-def series_of(exporter: Exporter, interval: int, seed: int) -> list[dict[str, str]]:
-    """Promtool input series of one exporter, every ``interval`` seconds from 0 to END."""
-    noise = random.Random(f"{exporter.name}/{interval}/{seed}")
-    labels = f'instance="{exporter.instance}",job="gpuload",gpu="0",uuid="GPU-{exporter.name}"'
-    names = (
-        "gpu_utilization_seconds_total",
-        "gpu_idle_seconds_total",
-        "gpu_power_usage_watts",
-        "gpu_power_limit_watts",
-        "gpu_processes",
-        "gpu_memory_used_bytes",
-    )
-    values: dict[str, list[str]] = {name: [] for name in names}
-    collected: list[str] = []
-    up: list[str] = []
-    stale = False
-    for step in range(END // interval + 1):
-        t = float(step * interval)
-        if not exporter.scraped(t):
-            up.append("0")
-            for name in names:
-                values[name].append("_" if stale else "stale")
-            collected.append("_" if stale else "stale")
-            stale = True
-            continue
-        stale = False
-        up.append("1")
-        # The counters were last collected up to a second before the scrape.
-        counted = max(exporter.started(t), t - noise.uniform(0.0, 1.0))
-        start = exporter.started(t)
-        sample = {
-            "gpu_utilization_seconds_total": integral(exporter.utilization, start, counted),
-            "gpu_idle_seconds_total": integral(exporter.idle, start, counted),
-            "gpu_power_usage_watts": exporter.power(t),
-            "gpu_power_limit_watts": POWER_LIMIT,
-            "gpu_processes": exporter.processes(t),
-            "gpu_memory_used_bytes": float(MEMORY_USED) if exporter.processes(t) else 0.0,
-        }
-        for name in names:
-            values[name].append(repr(round(sample[name], 4)))
-        collected.append(repr(round(counted, 4)))
-    result = [{"series": f"{name}{{{labels}}}", "values": " ".join(values[name])} for name in names]
-    target = f'instance="{exporter.instance}",job="gpuload"'
-    result.append({"series": f"up{{{target}}}", "values": " ".join(up)})
-    result.append(
-        {
-            "series": f"gpuload_last_collection_timestamp_seconds{{{target}}}",
-            "values": " ".join(collected),
-        }
-    )
-    return result
-
-
-def alerts(name: str, exporter: Exporter, state: str = "firing") -> str:
-    return f'ALERTS{{alertname=~"{name}",alertstate="{state}",instance="{exporter.instance}"}}'
-
-
-def first_fired(name: str, exporter: Exporter, interval: int) -> str:
-    """When ``name`` first fired for the exporter: the earliest timestamp of its ALERTS sample."""
-    return f"min_over_time(timestamp({alerts(name, exporter)})[{END}s:{interval}s])"
-
-
-def last_fired(name: str, exporter: Exporter, interval: int) -> str:
-    """When ``name`` last fired for the exporter."""
-    return f"max_over_time(timestamp({alerts(name, exporter)})[{END}s:{interval}s])"
-
-
-@dataclass(frozen=True)
-class Expect:
-    """A PromQL expression evaluated at END and the series it must give (each valued 1)."""
-
-    what: str
-    expr: str
-    ones: tuple[dict[str, str], ...] = ()
-
-
-def fires_between(name: str, exporter: Exporter, low: float, high: float, interval: int) -> Expect:
-    when = first_fired(name, exporter, interval)
-    return Expect(
-        f"{name} on {exporter.name} first fires between {low:g} s and {high:g} s",
-        f"({when} >= bool {low}) * ({when} <= bool {high})",
-        (_alert_labels(name, exporter),),
-    )
-
-
-def fires_with(
-    name: str,
-    exporter: Exporter,
-    twin: Exporter,
-    interval: int,
-    late: float = 0,
-    twin_alert: str | None = None,
-) -> Expect:
-    """``exporter`` fires ``name`` no later than ``twin`` fires ``twin_alert``, plus ``late``.
-
-    ``twin_alert`` is the same alert by default.
-    """
-    other = twin_alert or name
-    mine, theirs = first_fired(name, exporter, interval), first_fired(other, twin, interval)
-    return Expect(
-        f"{name} on {exporter.name} fires when {other} on {twin.name} does (+{late:g} s at most)",
-        f"({mine} - on () group_left () {theirs}) <= bool {late}",
-        (_alert_labels(name, exporter),),
-    )
-
-
-def never(name: str, exporter: Exporter, state: str = "firing") -> Expect:
-    return Expect(
-        f"{name} never {state} on {exporter.name}",
-        f"count_over_time({alerts(name, exporter, state)}[{END}s])",
-    )
-
-
-def at_every_evaluation(
-    what: str, condition: str, start: float, interval: int, end: float = END
-) -> Expect:
-    """``condition`` (a vector without labels) holds at every evaluation from start to end."""
-    count = int((end - start) // interval) + 1
-    return Expect(
-        what,
-        f"count_over_time(({condition})[{int(end - start)}s:{interval}s]) == bool {count}",
-        ({},),
-    )
-
-
-def _alert_labels(name: str, exporter: Exporter) -> dict[str, str]:
-    severity = thresholds.load().alert(name).severity
-    return {
-        "alertname": name,
-        "alertstate": "firing",
-        "severity": severity,
-        "instance": exporter.instance,
-        "job": "gpuload",
-        "gpu": "0",
-        "uuid": f"GPU-{exporter.name}",
-    }
-
-
-def promtool_file(
-    exporters: Sequence[Exporter], expects: Sequence[Expect], interval: int, seed: int
-) -> dict:
-    tests = []
-    for expect in expects:
-        samples = []
-        for labels in expect.ones:
-            inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
-            samples.append({"labels": f"{{{inner}}}", "value": 1})
-        # A PromQL comment names the expectation in promtool's report of a failure.
-        expr = f"# {expect.what}\n{expect.expr}"
-        tests.append({"expr": expr, "eval_time": f"{END}s", "exp_samples": samples})
-    return {
-        "rule_files": RULE_FILES,
-        "evaluation_interval": f"{interval}s",
-        # Recording rules first, as one evaluation step of a real Prometheus sees them settled
-        # (promtool would otherwise pick an order at random).
-        "group_eval_order": group_names(thresholds.load()),
-        "tests": [
-            {
-                "name": f"seams at {interval}s",
-                "interval": f"{interval}s",
-                "input_series": [
-                    s for exporter in exporters for s in series_of(exporter, interval, seed)
-                ],
-                "promql_expr_test": tests,
-            }
-        ],
-    }
-
-
-def run_promtool(
-    tmp_path: Path,
-    exporters: Sequence[Exporter],
-    expects: Sequence[Expect],
-    interval: int,
-    seed: int = 0,
-) -> None:
-    path = tmp_path / f"seams-{interval}s.test.yml"
-    path.write_text(yaml.safe_dump(promtool_file(exporters, expects, interval, seed)))
-    result = subprocess.run(
-        ["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=300
-    )
-    if result.returncode != 0:
-        output = result.stdout + result.stderr
-        failed = [e.what for e in expects if f"# {e.what}" in output]
-        pytest.fail("promtool: " + "; ".join(failed or ["see output"]) + "\n" + output[-6000:])
-
 
 INTERVALS = pytest.mark.parametrize("interval", [15, 30])
 
@@ -371,8 +125,9 @@ def test_a_failed_scrape_a_restart_or_a_gap_neither_restarts_nor_resolves(
     failed = Exporter("failed", low_stretch, down=[(300, 301)])
     restart = Exporter("restart", low_stretch, down=[(300, 320)], restarts=[320])
     gap = Exporter("gap", low_stretch, down=[(360, 480)])
-    busy_gap = Exporter("busygap", steps((0, BUSY), (DROP, LOW), (360, 1.0), (480, LOW)))
-    busy_gap.down = [(360, 480)]
+    busy_gap = Exporter(
+        "busygap", steps((0, BUSY), (DROP, LOW), (360, 1.0), (480, LOW)), down=[(360, 480)]
+    )
     busy = Exporter("busy", constant(0.975))
     busy_restart = Exporter("busyrestart", constant(0.975), down=[(300, 320)], restarts=[320])
     expects = [
@@ -393,7 +148,7 @@ def test_a_failed_scrape_a_restart_or_a_gap_neither_restarts_nor_resolves(
 @INTERVALS
 def test_a_dead_exporter_is_never_silent(tmp_path: Path, interval: int) -> None:
     """Its firing alerts keep firing until GPULoadExporterDown fires, and then give way to it."""
-    dead = Exporter("dead", low_stretch, down=[(600, END + 1)])
+    dead = Exporter("dead", low_stretch, down=[(600, 10_000)])
     expects = [
         fires_between("GPUUtilizationLow", dead, DROP + 300, DROP + 390, interval),
         at_every_evaluation(
@@ -408,7 +163,7 @@ def test_a_dead_exporter_is_never_silent(tmp_path: Path, interval: int) -> None:
             f" - on () group_left () {first_fired('GPULoadExporterDown', dead, interval)})"
             f" >= bool -{interval}"
             f" unless on () {alerts('GPUUtilizationLow', dead)}",
-            (_alert_labels("GPUUtilizationLow", dead),),
+            (alert_labels("GPUUtilizationLow", dead),),
         ),
     ]
     run_promtool(tmp_path, [dead], expects, interval)

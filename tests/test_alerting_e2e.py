@@ -386,7 +386,8 @@ def test_each_node_raises_its_alerts_inhibitions_hold_and_healthy_training_stays
     starved_uuids = gpu_uuids(starved)
     held = f"for 5m \\(the mean of every {WINDOW} window\\)"
     # GPUUtilizationHigh's window, shortened through the thresholds.
-    held_high = f"for {TEST_THRESHOLDS.alert('GPUUtilizationHigh').for_} \\(the mean of every {WINDOW} window\\)"
+    high_window = TEST_THRESHOLDS.alert("GPUUtilizationHigh").for_
+    held_high = f"for {high_window} \\(the mean of every {WINDOW} window\\)"
     for alert in of(at_manager, "GPUUtilizationLow", "data-starved"):
         value = check_alert(
             alert,
@@ -451,9 +452,9 @@ def test_each_node_raises_its_alerts_inhibitions_hold_and_healthy_training_stays
             uuids=hung_uuids,
             summary="A GPU looks busy but does no work",
             description=(
-                rf"{{where}} has run kernels all the time {held_high} while drawing at most {{value}} of"
-                r" its power limit \(below 25%\): kernels wait without computing, the sign of a"
-                r" hung collective \(NCCL\) or a deadlock\."
+                rf"{{where}} has run kernels all the time {held_high} while drawing at most"
+                r" {value} of its power limit \(below 25%\): kernels wait without computing, the"
+                r" sign of a hung collective \(NCCL\) or a deadlock\."
             ),
         )
         assert 0 < value < 25

@@ -192,3 +192,25 @@ def test_sim_exec_answers_as_the_caller_it_is_given() -> None:
         answers[caller] = result.stdout.strip()
     # Whole-GPU memory of a MIG-enabled GPU: only to a privileged caller (nvml.h).
     assert answers == {"root": "answered", "unprivileged": "refused"}
+
+
+def test_an_unprivileged_exporter_says_it_cannot_judge_mig_instances(daemon_factory) -> None:
+    """NVML refuses GPM to an unprivileged caller: a series, and a warning naming the cost."""
+    daemon = daemon_factory("--simulate", "h100-mig", "--sim.caller", "unprivileged")
+    wait_until(
+        lambda: (
+            value_of(
+                daemon.metrics(),
+                "gpuload_nvml_permission_denied",
+                collector="mig",
+                read="gpm_sample",
+            )
+            == 1
+        ),
+        what="the MIG GPU's refused GPM samples",
+    )
+    assert series(daemon.metrics(), "gpu_mig_sm_active_seconds_total") == {}
+    daemon.stop()
+    (warning,) = [line for line in daemon.log().splitlines() if "collector mig:" in line]
+    assert "WARNING" in warning and "GPUMIGUtilizationLow" in warning, warning
+    assert "runAsUser: 0" in warning, warning

@@ -248,12 +248,14 @@ def test_mig_instances_with_gpm_are_judged_one_by_one(verdicts) -> None:
     for small in (instances[3], instances[4]):
         assert small["mig_profile"] == "2g.20gb"
         assert small["figures"]["sm_active_mean"] == pytest.approx(0.25, abs=0.02)
-        # DRAM at 55%, below GPUMemoryBandwidthBound's 60%: busy, not bandwidth-bound.
+        # DRAM at 55%, below GPUMemoryBandwidthBound's 60%: not bandwidth-bound. SM activity
+        # below GPUUtilizationLow's 30%, GPUMIGUtilizationLow's basis: the slice is underused.
         assert small["figures"]["dram_active_mean"] == pytest.approx(0.55, abs=0.02)
-        assert small["state"] == "busy"
+        assert small["state"] == "input-starved"
+        assert small["findings"][0]["runbook_url"].endswith("#gpumigutilizationlow")
     # The GPU's state is its most serious instance's; the exit code follows.
-    assert gpu["state"] == "busy"
-    assert code == report["exit_code"] == 0, err
+    assert gpu["state"] == "input-starved"
+    assert code == report["exit_code"] == 1, err
     assert gpu["summary"].startswith("MIG instance ")
 
 

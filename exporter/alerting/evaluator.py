@@ -547,8 +547,8 @@ def idle_allocated(ctx: Context, t: Thresholds) -> Vector:
 
 
 def mig_utilization_low(ctx: Context, t: Thresholds) -> Vector:
-    """The MIG SM activity rate1m < sm_active_below, where the instance holds memory > floor."""
-    below = t.alert("GPUMIGUtilizationLow").number("sm_active_below")
+    """The MIG SM activity rate1m < GPUUtilizationLow's below, where the instance is in use."""
+    below = t.alert("GPUUtilizationLow").number("below")
     active = ctx.last(RECORDED_MIG_SM_ACTIVE, ctx.gap)
     floor = t.in_use_memory_floor_bytes
     used = where(ctx.last("gpu_mig_memory_used_bytes", ctx.gap), lambda v: v > floor)

@@ -571,7 +571,6 @@ def utilization_alerts(thresholds: Thresholds) -> list[Rule]:
     full = thresholds.alert("GPUMemoryNearlyFull")
     imbalance = thresholds.alert("GPULoadImbalance")
     idle = thresholds.alert("GPUIdleAllocated")
-    mig_low = thresholds.alert("GPUMIGUtilizationLow")
     in_use_avg = f"{names['avg']} {in_use}"
     mig = f"{GPU}, mig_instance"
 
@@ -714,14 +713,14 @@ def utilization_alerts(thresholds: Thresholds) -> list[Rule]:
             or_held(
                 "GPUMIGUtilizationLow",
                 f"{bridged(names['mig_sm_active_short'], gap)}"
-                f" < {_num(mig_low.number('sm_active_below'))}\n"
+                f" < {_num(low.number('below'))}\n"
                 f"and on ({mig}) {bridged('gpu_mig_memory_used_bytes', gap)} > {floor}",
                 names["mig_sm_active_short"],
                 mig,
             ),
             "A MIG instance in use is mostly idle",
             f"{WHERE}{MIG_INSTANCE} holds memory but its SMs stayed busy less than"
-            f" {_pct(mig_low.number('sm_active_below'))} of the time"
+            f" {_pct(low.number('below'))} of the time"
             f" {held('GPUMIGUtilizationLow')}; {PERCENT} over the last one.",
             value=PERCENT + " SM active",
         ),

@@ -38,7 +38,7 @@ PARAMETERS: Mapping[str, Mapping[str, str]] = {
     "GPUMemoryNearlyFull": {"used_above": "ratio"},
     "GPULoadImbalance": {"spread_above": "ratio"},
     "GPUIdleAllocated": {"below": "ratio"},
-    "GPUMIGUtilizationLow": {"sm_active_below": "ratio"},
+    "GPUMIGUtilizationLow": {},
     "GPUThermalThrottling": {"active_above": "ratio"},
     "GPUPowerCapped": {"active_above": "ratio"},
     "GPUHardwareSlowdown": {"active_above": "ratio"},

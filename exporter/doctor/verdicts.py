@@ -34,10 +34,11 @@ counter: their share is the mean of the window's 0/1 readings.
 A GPU in MIG mode has no whole-GPU utilization (NVML answers NOT_SUPPORTED), so the states that
 need it cannot be judged on the whole GPU. Its MIG instances are judged instead where the GPU has
 GPM per instance (Hopper and newer: ``gpu_mig_sm_active_seconds_total`` and the other
-``gpu_mig_*_active_seconds_total`` counters) with GPUMIGUtilizationLow's and
-GPUMemoryBandwidthBound's thresholds; their memory (``gpu_mig_memory_used_bytes``) is judged
-everywhere against GPUMemoryNearlyFull's. What cannot be measured is said, with the reason, in
-each report's ``unmeasured``; a GPU whose load cannot be judged at all is ``unknown``.
+``gpu_mig_*_active_seconds_total`` counters) with GPUMIGUtilizationLow's (GPUUtilizationLow's
+30%, on SM activity) and GPUMemoryBandwidthBound's thresholds; their memory
+(``gpu_mig_memory_used_bytes``) is judged everywhere against GPUMemoryNearlyFull's. What cannot
+be measured is said, with the reason, in each report's ``unmeasured``; a GPU whose load cannot be
+judged at all is ``unknown``.
 
 Every XID in the window is listed with its meaning from the runbooks' XID table; those in
 GPUXidError's list make the GPU a hardware fault, the others (application errors) are shown only.
@@ -786,7 +787,7 @@ def _instance_load(t: Thresholds, f: Mapping[str, Any], evidence: list[str]) -> 
     bandwidth = _bandwidth(t, f, f"SM active {_pct(sm)}")
     if bandwidth is not None:
         return [bandwidth]
-    if sm < t.alert("GPUMIGUtilizationLow").number("sm_active_below"):
+    if sm < t.alert("GPUUtilizationLow").number("below"):
         return [
             _finding(
                 t,
