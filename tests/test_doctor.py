@@ -270,9 +270,14 @@ def test_findings_carry_evidence_and_next_steps_from_the_runbooks(verdicts) -> N
     lost = verdicts["fell-off-bus"][1]["gpus"][3]["findings"][0]
     assert lost["summary"] == "NVML answers GPU is lost: it has fallen off the bus"
     assert lost["next_steps"][0].startswith("Drain the node")
-    bound = verdicts["memory-bound"][1]["gpus"][0]["findings"][0]
-    # 90% in the scenario; the counter's rate over the window's readings is within a point of it.
-    assert bound["evidence"][0] in {f"DRAM bandwidth {n}% of peak" for n in (89, 90, 91)}
+    memory_bound = verdicts["memory-bound"][1]["gpus"][0]
+    bound = memory_bound["findings"][0]
+    assert bound["state"] == "memory-bandwidth-bound"
+    # The figure the verdict was judged on, from the readings the doctor took (how many it took
+    # depends on the machine's speed, so the figure is not pinned: 90% in the scenario).
+    dram = memory_bound["figures"]["dram_active_mean"]
+    assert bound["evidence"][0] == f"DRAM bandwidth {dram * 100:.0f}% of peak"
+    assert dram > thresholds.load().alert("GPUMemoryBandwidthBound").number("dram_active_above")
 
 
 def test_a_starved_input_pipeline_is_input_starved() -> None:

@@ -299,7 +299,9 @@ def test_the_operator_is_told_when_mig_instance_xids_are_withheld(
     # A GPU not in MIG mode has only whole-GPU events: nothing to withhold, no series.
     assert value_of(samples, "gpuload_xid_instance_events_withheld", **whole) is None
     assert value_of(samples, "gpuload_collector_success", collector="xid") == 1
-    logged = [r.getMessage() for r in caplog.records if "MIG instances" in r.getMessage()]
+    logged = [
+        r.getMessage() for r in caplog.records if "XID errors of MIG instances" in r.getMessage()
+    ]
     assert len(logged) == int(withheld), logged
     assert all("run gpuload as root" in line for line in logged), logged
 
