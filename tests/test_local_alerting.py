@@ -392,6 +392,43 @@ def test_a_restart_neither_fires_an_alert_again_nor_loses_its_resolve(
     assert receiver.bodies[0]["groupKey"] == receiver.bodies[1]["groupKey"]
 
 
+def _saturated(t: float, started: float) -> list[Sample]:
+    """A GPU at 99% on 80% of its power, its exporter's counters counting from ``started``."""
+    gpu = (("gpu", "0"), ("uuid", "GPU-0"))
+    return [
+        Sample("gpu_utilization_seconds_total", gpu, 0.99 * (t - started)),
+        Sample("gpu_power_usage_watts", gpu, 560.0),
+        Sample("gpu_power_limit_watts", gpu, 700.0),
+        Sample("gpu_processes", gpu, 1.0),
+        Sample("gpuload_last_collection_timestamp_seconds", (), t),
+    ]
+
+
+def test_a_restored_alert_is_held_until_every_window_it_reads_is_whole_again(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """GPUUtilizationHigh reads 5 minutes of 1-minute means: 6 minutes after a start."""
+    settings = _delivering(tmp_path, receiver)
+    t0 = time.time() - 3000
+    local = _local(settings, thresholds.load(), t0)
+    try:
+        for t in range(0, 420, 15):
+            local.observe_samples(_saturated(t0 + t, t0), t0 + t)
+        wait_until(lambda: len(receiver.bodies) == 1, what="the firing notification")
+    finally:
+        local.stop()
+    # The exporter restarts at 430 s: an empty history, counters from 0, the GPU still busy. Its
+    # first cycle comes a second later.
+    local = _local(settings, thresholds.load(), t0 + 430)
+    try:
+        for t in range(431, 431 + 900, 15):
+            local.observe_samples(_saturated(t0 + t, t0 + 430), t0 + t)
+            assert [a.state for a in local.alerts()] == ["firing"], t
+    finally:
+        local.stop()
+    assert [body["status"] for body in receiver.bodies] == ["firing"]
+
+
 def test_a_firing_alert_is_notified_again_every_repeat_interval(
     tmp_path: Path, receiver: Receiver
 ) -> None:

@@ -794,6 +794,21 @@ class _RuleState:
     active: dict[Labels, Alert] = field(default_factory=dict)
 
 
+def warm_up_seconds(thresholds: Thresholds) -> float:
+    """How long after a start the rules have every window they read whole again.
+
+    The 5-minute means need the window; GPUUtilizationHigh and GPUJobHung need a `for:` of
+    1-minute means, the first of which comes a short window after the start.
+    """
+    high = thresholds.alert("GPUUtilizationHigh").for_
+    return float(
+        max(
+            duration_seconds(thresholds.window),
+            duration_seconds(thresholds.short_window) + duration_seconds(high),
+        )
+    )
+
+
 def history_horizon(thresholds: Thresholds, keep: float = 60.0) -> Callable[[str], float]:
     """How long the evaluator (and the status page's doctor) needs each family's samples."""
     short = duration_seconds(thresholds.short_window)

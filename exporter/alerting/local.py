@@ -17,9 +17,9 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from exporter.alerting.evaluator import Alert, Evaluator
+from exporter.alerting.evaluator import Alert, Evaluator, warm_up_seconds
 from exporter.alerting.history import History, Labels, Sample, snapshot_samples
-from exporter.alerting.thresholds import Thresholds, duration_seconds
+from exporter.alerting.thresholds import Thresholds
 from exporter.collection import Snapshot
 
 if TYPE_CHECKING:
@@ -74,9 +74,9 @@ class LocalAlerting:
 
             self._store = AlertStore(notifier.queue.path)
             alerts, self._notified = self._store.load()
-            # The rules need a whole window of samples again before a restored alert may resolve.
+            # The rules need their whole windows again before a restored alert may resolve.
             started = time.time() if now is None else now
-            hold = duration_seconds(thresholds.window) + evaluation_interval
+            hold = warm_up_seconds(thresholds) + evaluation_interval
             restored = self.evaluator.restore(alerts, hold_until=started + hold)
             if restored:
                 log.info(
