@@ -13,8 +13,8 @@ from helpers import Daemon, start_daemon
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "real_time: runs for real minutes against a real engine; scripts/test runs these in a"
-        " process of their own beside the main suite",
+        "real_time: runs for real minutes against a real engine; scripts/test runs these as a"
+        " step of their own after the main suite",
     )
 
 
