@@ -62,6 +62,7 @@ RECORDED_UTILIZATION = "local:gpu_utilization:mean_short"
 RECORDED_IDLE = "local:gpu_idle:mean_short"
 RECORDED_MIG_SM_ACTIVE = "local:gpu_mig_sm_active:mean_short"
 RECORDED_POWER = "local:gpu_power_usage:ratio_short"
+RECORDED = (RECORDED_UTILIZATION, RECORDED_IDLE, RECORDED_MIG_SM_ACTIVE, RECORDED_POWER)
 NODE_KEYS = ("job", "instance", "node")
 # Prometheus's lookback for an instant selector (`x offset 1h` finds a sample up to 5m older).
 LOOKBACK_SECONDS = 300.0
@@ -102,12 +103,7 @@ FAMILIES = frozenset(
         "gpuload_gpu_stale",
         # The recorded short means, which the evaluator records into its history as Prometheus
         # does (the alerts read their last value, and their lowest and highest over a window).
-        *(
-            RECORDED_UTILIZATION,
-            RECORDED_IDLE,
-            RECORDED_MIG_SM_ACTIVE,
-            RECORDED_POWER,
-        ),
+        *RECORDED,
     }
 )
 
@@ -828,7 +824,6 @@ def history_horizon(thresholds: Thresholds, keep: float = 60.0) -> Callable[[str
         rules.COLLECTED_AT,
         *(f"gpu_{ratio}_seconds_total" for ratio in rules.GPM_RATIOS),
     }
-    recorded = {RECORDED_UTILIZATION, RECORDED_IDLE, RECORDED_MIG_SM_ACTIVE, RECORDED_POWER}
 
     def horizon(name: str) -> float:
         if name == "gpu_xid_errors_total":
@@ -837,7 +832,7 @@ def history_horizon(thresholds: Thresholds, keep: float = 60.0) -> Callable[[str
             return max(ecc, keep)
         if name in windowed:
             return window + keep
-        if name in recorded:
+        if name in RECORDED:
             # GPUUtilizationHigh's window, and a recorded mean from before it.
             return above + gap + keep
         # A gauge's last value bridges a gap.
