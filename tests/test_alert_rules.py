@@ -148,6 +148,99 @@ def test_settings_that_belong_to_another_are_refused(
     assert loaded.alert("GPUJobHung").for_ == loaded.alert("GPUUtilizationHigh").for_
 
 
+def documented_inhibit_rules() -> list[dict[str, Any]]:
+    """The inhibit rules of docs/runbooks.md's "Routing and inhibition", as written there."""
+    text = (RULES_DIR.parent / "docs" / "runbooks.md").read_text(encoding="utf-8")
+    section = text.split("\n## Routing and inhibition\n", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```yaml\n(inhibit_rules:.*?)```", section, re.DOTALL)
+    assert block, "docs/runbooks.md documents no inhibit_rules block"
+    found: list[dict[str, Any]] = yaml.safe_load(block.group(1))["inhibit_rules"]
+    return found
+
+
+def test_the_runbooks_show_the_inhibit_rules_of_the_thresholds_file() -> None:
+    """One definition: the block docs/runbooks.md gives for Alertmanager is thresholds.yaml's."""
+    document = yaml.safe_load(thresholds.DEFAULT_PATH.read_text(encoding="utf-8"))
+    assert documented_inhibit_rules() == document["inhibit_rules"]
+    fell_off = thresholds.load().inhibit_rules[1]
+    assert [str(m) for m in fell_off.source] == ['alertname="GPUFellOffBus"']
+    assert [str(m) for m in fell_off.target] == ['alertname="GPUXidError"']
+    assert fell_off.equal == ("instance", "gpu")
+
+
+def _second_rule(**fields: object) -> Callable[[dict[str, Any]], None]:
+    return lambda d: d["inhibit_rules"][1].update(fields)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            lambda d: d.pop("inhibit_rules"),
+            "inhibit_rules: expected a list of Alertmanager inhibit rules ([] for none), got None",
+        ),
+        (lambda d: d["inhibit_rules"].append("x"), "inhibit_rules[2]: expected a mapping, got str"),
+        (
+            _second_rule(source_match={"alertname": "GPUFellOffBus"}),
+            "inhibit_rules[1].source_match: unknown key, expected source_matchers,"
+            " target_matchers, equal",
+        ),
+        (
+            _second_rule(source_matchers='alertname="GPUFellOffBus"'),
+            "inhibit_rules[1].source_matchers: expected a non-empty list of matchers like"
+            ' [alertname="GPUFellOffBus"], got \'alertname="GPUFellOffBus"\'',
+        ),
+        (
+            _second_rule(target_matchers=[]),
+            "inhibit_rules[1].target_matchers: expected a non-empty list of matchers",
+        ),
+        (
+            _second_rule(target_matchers=['alertname=="GPUXidError"']),
+            "inhibit_rules[1].target_matchers[0]: 'alertname==\"GPUXidError\"': an unescaped"
+            " double quote inside the value",
+        ),
+        (
+            _second_rule(target_matchers=['alertname="GPUXidError"', 'xid=~"(79"']),
+            "inhibit_rules[1].target_matchers[1]: 'xid=~\"(79\"': '(79' is not a regex",
+        ),
+        (
+            _second_rule(target_matchers=["alertname is GPUXidError"]),
+            "inhibit_rules[1].target_matchers[0]: 'alertname is GPUXidError' is not a matcher:"
+            " expected a label name, one of = != =~ !~ and a value",
+        ),
+        (
+            _second_rule(equal="gpu"),
+            "inhibit_rules[1].equal: expected a list of label names like [instance, gpu],"
+            " got 'gpu'",
+        ),
+        (_second_rule(equal=["gpu-id"]), "inhibit_rules[1].equal: expected a list of label names"),
+    ],
+)
+def test_bad_inhibit_rules_name_the_key(
+    change: Callable[[dict[str, Any]], None], message: str
+) -> None:
+    document = yaml.safe_load(thresholds.DEFAULT_PATH.read_text(encoding="utf-8"))
+    change(document)
+    with pytest.raises(thresholds.ThresholdsError, match=re.escape(message)):
+        thresholds.parse(document)
+
+
+def test_inhibit_rules_take_every_matcher_form_alertmanager_reads() -> None:
+    document = yaml.safe_load(thresholds.DEFAULT_PATH.read_text(encoding="utf-8"))
+    document["inhibit_rules"] = [
+        {
+            "source_matchers": ["alertname=GPUFellOffBus", 'severity!="info"'],
+            "target_matchers": ['{alertname=~"GPUXid.*", xid!~"13|31"}'],
+        }
+    ]
+    (rule,) = thresholds.parse(document).inhibit_rules
+    assert [str(m) for m in rule.source] == ['alertname="GPUFellOffBus"', 'severity!="info"']
+    assert [str(m) for m in rule.target] == ['alertname=~"GPUXid.*"', 'xid!~"13|31"']
+    assert rule.equal == ()
+    document["inhibit_rules"] = []
+    assert thresholds.parse(document).inhibit_rules == ()
+
+
 def test_load_exposes_the_documented_defaults() -> None:
     loaded = thresholds.load()
     assert loaded.alert("GPUUtilizationLow").number("below") == 0.30

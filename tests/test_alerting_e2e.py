@@ -9,8 +9,9 @@ thresholds with these changes: both averaging windows are 30s instead of 5m and 
 record a window's rate once a node has been scraped for a whole window), and the `for:` durations
 (GPUUtilizationHigh's window, which GPUJobHung shares, too) are divided by 30 (5m -> 10s), and the
 gap tolerance is 1m; the test proves the copy differs in nothing else. Alertmanager loads the
-inhibit rules that docs/runbooks.md documents, and the test proves each suppresses what it claims;
-it routes the alerts to a webhook receiver running in this test.
+inhibit rules of alert_rules/thresholds.yaml as written there (the block docs/runbooks.md
+documents: tests/test_alert_rules.py keeps the two equal), and the test proves each suppresses what
+it claims; it routes the alerts to a webhook receiver running in this test.
 """
 
 from __future__ import annotations
@@ -75,7 +76,6 @@ TEST_THRESHOLDS = replace(
         },
     },
 )
-RUNBOOKS = thresholds.RULES_DIR.parent / "docs" / "runbooks.md"
 AVERAGE = rules.recording_names(TEST_THRESHOLDS)["avg"]
 # The healthy `training` scenario saws with a 30 s period: 27 s near 96%, then a 3 s dip to 72%
 # (93.6% on average). A window that holds less than one period can read above 95%, which a 5 m
@@ -169,13 +169,10 @@ def write_rules(folder: Path) -> list[Path]:
     return written
 
 
-def documented_inhibit_rules() -> list[dict[str, Any]]:
-    """The inhibit rules of docs/runbooks.md's "Routing and inhibition", as written there."""
-    text = RUNBOOKS.read_text(encoding="utf-8")
-    section = text.split("\n## Routing and inhibition\n", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```yaml\n(inhibit_rules:.*?)```", section, re.DOTALL)
-    assert block, "docs/runbooks.md documents no inhibit_rules block"
-    found: list[dict[str, Any]] = yaml.safe_load(block.group(1))["inhibit_rules"]
+def shipped_inhibit_rules() -> list[dict[str, Any]]:
+    """The inhibit rules of alert_rules/thresholds.yaml, in Alertmanager's syntax as written."""
+    document = yaml.safe_load(thresholds.DEFAULT_PATH.read_text(encoding="utf-8"))
+    found: list[dict[str, Any]] = document["inhibit_rules"]
     return found
 
 
@@ -184,7 +181,7 @@ def start_alertmanager(
 ) -> str:
     port = free_port()
     config = {
-        "inhibit_rules": documented_inhibit_rules(),
+        "inhibit_rules": shipped_inhibit_rules(),
         "route": {
             "receiver": "test",
             "group_by": ["alertname", "instance"],

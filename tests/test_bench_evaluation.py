@@ -12,8 +12,10 @@ def test_node_samples_are_the_kept_families_of_an_8_gpu_node() -> None:
     assert {dict(s.labels)["gpu"] for s in samples if s.name == "gpu_up"} == {
         str(i) for i in range(8)
     }
-    # Only what the evaluator and the verdicts keep: no per-link NVLink series.
-    assert not any(name.startswith("gpu_nvlink") for name in names)
+    # Only what the evaluator and the verdicts keep: the NVLink totals per GPU that the
+    # bottleneck classes read, no per-link series.
+    assert "gpu_nvlink_receive_bytes_total" in names
+    assert not any("link" in dict(sample.labels) for sample in samples)
 
 
 def test_each_interval_gets_one_figure_per_round() -> None:

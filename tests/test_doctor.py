@@ -11,6 +11,7 @@ import io
 import json
 import os
 import pty
+import re
 import shutil
 import socket
 import subprocess
@@ -26,6 +27,7 @@ import yaml
 from helpers import ROOT, wait_until
 
 from exporter.alerting import thresholds
+from exporter.alerting.history import Labels
 from exporter.doctor.command import Options, Progress, run
 from exporter.doctor.node import index_ranges, merge
 from exporter.doctor.verdicts import BUSY_STEPS, IDLE_STEPS, Window, diagnose, figures
@@ -176,12 +178,85 @@ def test_a_lost_gpu_stands_apart_with_its_xid_in_the_verdict() -> None:
         "  XID 43 on GPU 6: GPU stopped processing",
     ]
     assert lines[7].startswith("GPU 3: hardware-fault  (NVIDIA H100 80GB HBM3, GPU-")
+    # The evidence is the readings, not the summary again: up at first, lost within the window.
+    assert lines[8] == "  NVML answers GPU is lost: it has fallen off the bus"
+    assert re.fullmatch(
+        r"    - gpu_up 1 until \d+ s into the window, 0 in the \d+ readings since", lines[9]
+    )
     assert "    - XID 79 on GPU 3: GPU has fallen off the bus" in lines
     assert "GPUs 0-2,4-7: compute-bound  (7 x NVIDIA H100 80GB HBM3)" in lines
     assert (
         "  XID 13 on GPU 1: graphics engine exception; usually the application (out-of-range "
         "access, illegal instruction); fix the code; if it follows the GPU, test it"
     ) in lines
+
+
+def test_a_gpu_lost_before_it_was_read_says_its_name_and_uuid_are_unknown(verdicts) -> None:
+    # fell-off-bus's GPU 3 is lost 60 s after the epoch, 2 s before the doctor starts: NVML
+    # never gives its name or UUID, and no sample of the window carries them.
+    epoch = time.time() - 62
+    options = Options(duration=2.0, interval=0.2, simulate="fell-off-bus", sim_epoch=epoch)
+    text = io.StringIO()
+    assert run(options, out=text, err=io.StringIO()) == 1
+    out = text.getvalue()
+    lines = out.splitlines()
+    block = lines.index(
+        "GPU 3: hardware-fault  (name unknown: lost before it was read, "
+        "UUID unknown: lost before it was read)"
+    )
+    # The evidence is the readings, not the summary again.
+    assert lines[block + 1] == "  NVML answers GPU is lost: it has fallen off the bus"
+    assert re.fullmatch(r"    - gpu_up 0 in all \d+ readings of the window", lines[block + 2])
+    assert "(, )" not in out and ", )" not in out
+    report = verdicts["fell-off-bus"][1]
+    lost = report["gpus"][3]
+    assert lost["name"] == "name unknown: lost before it was read"
+    assert lost["uuid"] == "UUID unknown: lost before it was read"
+    assert re.fullmatch(
+        r"gpu_up 0 in all \d+ readings of the window", lost["findings"][0]["evidence"][0]
+    )
+    for gpu in report["gpus"]:
+        assert gpu["name"] and gpu["uuid"], gpu
+    assert all(group["name"] for group in report["groups"]), report["groups"]
+
+
+def _findings(report: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for gpu in report["gpus"]:
+        yield from gpu["findings"]
+        for instance in gpu["mig_instances"]:
+            yield from instance["findings"]
+
+
+def test_no_evidence_line_repeats_its_summary(verdicts) -> None:
+    for scenario, (_code, report, _err) in verdicts.items():
+        for finding in _findings(report):
+            for line in finding["evidence"]:
+                assert line not in finding["summary"], (scenario, finding)
+                assert finding["summary"] not in line, (scenario, finding)
+
+
+def test_a_gpu_lost_across_a_restart_keeps_the_name_and_uuid_read_before() -> None:
+    # GPU 0 read by an exporter until 4 s, then by a restarted one that could not read its UUID.
+    identity = (("gpu", "0"), ("uuid", "GPU-0"))
+    before = [(0.0, 1.0), (4.0, 1.0)]
+    series: dict[str, dict[Labels, list[tuple[float, float]]]] = {
+        "gpu_info": {(*identity, ("name", "NVIDIA H100 80GB HBM3")): before},
+        "gpu_up": {identity: before, (("gpu", "0"),): [(6.0, 0.0), (8.0, 0.0), (10.0, 0.0)]},
+    }
+    (report,) = diagnose(Window(series, 0.0, 10.0), thresholds.load())
+    assert (report.name, report.uuid) == ("NVIDIA H100 80GB HBM3", "GPU-0")
+    # The newest readings say how it is now: lost, since the restarted exporter's first.
+    assert report.state == "hardware-fault"
+    finding = report.findings[0]
+    assert finding.summary == "NVML answers GPU is lost: it has fallen off the bus"
+    assert finding.evidence[0] == "gpu_up 1 until 4 s into the window, 0 in the 3 readings since"
+
+
+def test_the_newest_readings_say_which_gpu_it_is() -> None:
+    # A GPU replaced between two runs of the exporter: the UUID read last wins.
+    old, new = (("gpu", "0"), ("uuid", "GPU-old")), (("gpu", "0"), ("uuid", "GPU-new"))
+    series = {"gpu_up": {new: [(6.0, 1.0), (10.0, 1.0)], old: [(0.0, 1.0), (4.0, 1.0)]}}
+    assert Window(series, 0.0, 10.0).gpus() == {"0": {"gpu": "0", "uuid": "GPU-new"}}
 
 
 def test_mig_without_gpm_says_what_it_cannot_measure_and_why(runs, verdicts) -> None:
@@ -354,6 +429,14 @@ def test_starved_needs_fully_idle_time_not_just_a_low_mean(
     if state == "busy":
         # A healthy GPU has next steps too: what to watch.
         assert report.findings[0].steps == BUSY_STEPS
+
+
+def test_too_few_readings_are_unknown_and_the_evidence_counts_them() -> None:
+    (report,) = diagnose(window({"gpu_utilization_seconds_total": [(0.0, 0.0)]}), thresholds.load())
+    assert report.state == "unknown"
+    finding = report.findings[0]
+    assert finding.summary == "not measurable: a mean needs two readings"
+    assert finding.evidence == ["1 reading(s) in the window"]
 
 
 def test_idle_gpus_say_there_is_nothing_to_do(verdicts) -> None:

@@ -192,10 +192,10 @@ def test_rules_are_evaluated_once_per_evaluation_interval_on_every_cycle_s_histo
     # Up again at 70: still firing until the evaluation at 75 sees it.
     assert states[70] == ([], ["firing"])
     assert states[75] == (["resolved"], [])
-    # Every cycle's samples are in the history (gpu_up's horizon is the gap tolerance, 3m),
-    # not only the evaluated ones.
-    (points,) = evaluator.history.points("gpu_up", 0, 80).values()
-    assert [t for t, _ in points] == list(range(0, 80, 5))
+    # Every cycle's samples are in the history (over gpu_up's horizon, the last minute), not
+    # only the evaluated ones.
+    (points,) = evaluator.history.points("gpu_up", 20, 80).values()
+    assert [t for t, _ in points] == list(range(20, 80, 5))
 
 
 def test_an_evaluation_is_not_skipped_when_the_clock_goes_back() -> None:
@@ -436,22 +436,193 @@ def test_a_firing_alert_is_notified_again_every_repeat_interval(
     assert settings.alerting.repeat_interval == 600
     t0 = time.time() - 1500
     local = _local(settings, thresholds.load(), t0)
-    assert local.notifier is not None
-    # What goes to the queue, and when (the queue's own dedup works on the wall clock, which
-    # these simulated evaluations run ahead of; it is tested with the relay).
-    handed: list[tuple[float, list[str]]] = []
-    send = local.notifier.send
-
-    def recording(alerts: Iterable[Alert], now: float | None = None) -> int:
-        alerts = list(alerts)
-        handed.append((float(now or 0) - t0, [a.state for a in alerts]))
-        return send(alerts, now)
-
-    local.notifier.send = recording  # type: ignore[method-assign]
+    # What goes to the queue, and when (the queue's own dedup is tested with the relay).
+    handed = _handed(local, t0)
     try:
         for t in range(0, 60 + 1200 + 1, 30):
             local.observe_samples(_lost("3"), t0 + t)
         wait_until(lambda: len(receiver.bodies) == 1, what="the firing notification")
     finally:
         local.stop()
-    assert handed == [(60.0, ["firing"]), (660.0, ["firing"]), (1260.0, ["firing"])]
+    fired = [("GPUFellOffBus", "3", "firing")]
+    assert handed == [(60.0, fired), (660.0, fired), (1260.0, fired)]
+
+
+def _handed(local: LocalAlerting, t0: float) -> list[tuple[float, list[tuple[str, str, str]]]]:
+    """What ``local`` hands its notifier from now on: when (after t0), and which alerts.
+
+    Each alert as (alertname, gpu, state), sorted. The notifier queues and delivers them as
+    ever; the queue's own dedup works on the wall clock, which simulated evaluations run ahead of.
+    """
+    assert local.notifier is not None
+    handed: list[tuple[float, list[tuple[str, str, str]]]] = []
+    send = local.notifier.send
+
+    def recording(alerts: Iterable[Alert], now: float | None = None) -> int:
+        alerts = list(alerts)
+        what = sorted((a.name, a.labels.get("gpu", ""), a.state) for a in alerts)
+        handed.append((float(now or 0) - t0, what))
+        return send(alerts, now)
+
+    local.notifier.send = recording  # type: ignore[method-assign]
+    return handed
+
+
+def _xid(*gpus: str, code: str = "79") -> list[Sample]:
+    """One XID ``code`` on each GPU, counted since the exporter started."""
+    return [
+        Sample("gpu_xid_errors_total", (("gpu", gpu), ("uuid", f"GPU-{gpu}"), ("xid", code)), 1)
+        for gpu in gpus
+    ]
+
+
+def _short_xid_window(loaded: thresholds.Thresholds) -> thresholds.Thresholds:
+    """GPUXidError over 10 minutes, not an hour: an XID's alert resolves 10 minutes after it."""
+    xid = loaded.alert("GPUXidError")
+    xid = replace(xid, parameters={**xid.parameters, "window": "10m"})
+    return replace(loaded, alerts={**loaded.alerts, "GPUXidError": xid})
+
+
+def test_a_lost_gpu_pages_once_its_xid_79_inhibited_while_another_gpu_s_xid_pages(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """The documented inhibit rule: GPUFellOffBus mutes GPUXidError on the same GPU only."""
+    settings = _delivering(tmp_path, receiver, repeat_interval="10m")
+    t0 = time.time() - 1500
+    local = _local(settings, thresholds.load(), t0)
+    handed = _handed(local, t0)
+    try:
+        # GPU 3 is lost from 0 s (GPUFellOffBus fires at 60 s); at 90 s it and GPU 5 report
+        # XID 79. Past a repeat interval, so that a muted repeat would show.
+        for t in range(0, 700, 30):
+            local.observe_samples([*_lost("3"), *(_xid("3", "5") if t >= 90 else [])], t0 + t)
+        firing = {(a.name, a.labels["gpu"]) for a in local.alerts() if a.state == "firing"}
+        wait_until(lambda: len(receiver.bodies) == 2, what="two firing notifications")
+    finally:
+        local.stop()
+    # Inhibited, GPU 3's XID alert still fires (the status page shows it); only its
+    # notifications are muted, the first and the repeats alike.
+    assert firing == {("GPUFellOffBus", "3"), ("GPUXidError", "3"), ("GPUXidError", "5")}
+    assert handed == [
+        (60.0, [("GPUFellOffBus", "3", "firing")]),
+        (90.0, [("GPUXidError", "5", "firing")]),
+        (660.0, [("GPUFellOffBus", "3", "firing")]),
+        (690.0, [("GPUXidError", "5", "firing")]),
+    ]
+    delivered = {(a["labels"]["alertname"], a["labels"]["gpu"]) for a in receiver.alerts()}
+    assert delivered == {("GPUFellOffBus", "3"), ("GPUXidError", "5")}
+
+
+def test_an_inhibited_alert_sends_no_resolve_and_pages_once_its_source_resolves(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """GPU 3 comes back while its XID alert fires: that XID pages; GPU 4's never does."""
+    loaded = _short_xid_window(_without_keep_firing(thresholds.load()))
+    t0 = time.time() - 1500
+    local = _local(_delivering(tmp_path, receiver), loaded, t0)
+    handed = _handed(local, t0)
+    try:
+        for t in range(0, 900, 30):
+            gpus = [*_lost("3", up=1 if t >= 300 else 0), *_lost("4")]
+            local.observe_samples([*gpus, *(_xid("3", "4") if t >= 90 else [])], t0 + t)
+    finally:
+        local.stop()
+    assert handed == [
+        (60.0, [("GPUFellOffBus", "3", "firing"), ("GPUFellOffBus", "4", "firing")]),
+        # GPU 3 back: its GPUFellOffBus resolves, and its XID alert, muted since it fired at
+        # 90 s, is no longer inhibited.
+        (300.0, [("GPUFellOffBus", "3", "resolved"), ("GPUXidError", "3", "firing")]),
+        # Both XID alerts resolve 10 minutes after the XID; GPU 4's was never notified.
+        (690.0, [("GPUXidError", "3", "resolved")]),
+    ]
+
+
+def test_an_xid_paged_before_its_gpu_fell_off_is_not_taken_back_and_still_resolves(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """As Alertmanager, only a firing source inhibits: GPUFellOffBus waits its `for:` (1m)."""
+    loaded = _short_xid_window(thresholds.load())
+    t0 = time.time() - 1500
+    local = _local(_delivering(tmp_path, receiver), loaded, t0)
+    handed = _handed(local, t0)
+    try:
+        for t in range(0, 700, 30):
+            local.observe_samples([*_lost("3"), *_xid("3")], t0 + t)
+    finally:
+        local.stop()
+    assert handed == [
+        (0.0, [("GPUXidError", "3", "firing")]),
+        (60.0, [("GPUFellOffBus", "3", "firing")]),
+        # Resolved while GPUFellOffBus fires: the resolve closes the incident the page opened.
+        (600.0, [("GPUXidError", "3", "resolved")]),
+    ]
+
+
+def test_an_inhibited_alert_is_taken_back_as_never_notified_after_a_restart(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """Kept with no notification time, it pages once its source resolves after the restart."""
+    loaded = _without_keep_firing(thresholds.load())
+    settings = _delivering(tmp_path, receiver)
+    t0 = time.time() - 1500
+    local = _local(settings, loaded, t0)
+    try:
+        for t in range(0, 150, 30):
+            local.observe_samples([*_lost("3"), *(_xid("3") if t >= 90 else [])], t0 + t)
+    finally:
+        local.stop()
+    # The exporter restarts at 160 s, GPU 3 still lost (the taken-back GPUFellOffBus is seen
+    # again, no longer held), and is back at 400 s.
+    local = _local(settings, loaded, t0 + 160)
+    handed = _handed(local, t0)
+    try:
+        states = {(a.name, a.state) for a in local.alerts()}
+        for t in range(175, 700, 15):
+            local.observe_samples([*_lost("3", up=1 if t >= 400 else 0), *_xid("3")], t0 + t)
+    finally:
+        local.stop()
+    assert states == {("GPUFellOffBus", "firing"), ("GPUXidError", "firing")}
+    assert handed == [
+        (400.0, [("GPUFellOffBus", "3", "resolved"), ("GPUXidError", "3", "firing")]),
+    ]
+
+
+def _working(t: float, started: float, **gpus: tuple[float, float]) -> list[Sample]:
+    """GPUs in use since ``started``, each at (utilization, fully idle fraction), at ``t``."""
+    samples = [Sample("gpuload_last_collection_timestamp_seconds", (), t)]
+    for gpu, (utilization, idle) in gpus.items():
+        labels = (("gpu", gpu), ("uuid", f"GPU-{gpu}"))
+        samples += [
+            Sample("gpu_utilization_seconds_total", labels, utilization * (t - started)),
+            Sample("gpu_idle_seconds_total", labels, idle * (t - started)),
+            Sample("gpu_processes", labels, 1.0),
+        ]
+    return samples
+
+
+def test_a_starved_input_pipeline_inhibits_utilization_low_on_its_gpu_only(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """GPU 0 runs 25% in bursts, idle 70%: starved. GPU 1 runs a steady 25%: only low."""
+    t0 = time.time() - 1500
+    local = _local(_delivering(tmp_path, receiver), thresholds.load(), t0)
+    handed = _handed(local, t0)
+    try:
+        for t in range(0, 600, 15):
+            local.observe_samples(
+                _working(t0 + t, t0, **{"0": (0.25, 0.7), "1": (0.25, 0.0)}), t0 + t
+            )
+        firing = {(a.name, a.labels["gpu"]) for a in local.alerts() if a.state == "firing"}
+    finally:
+        local.stop()
+    assert firing == {
+        ("GPUDataLoaderStarved", "0"),
+        ("GPUUtilizationLow", "0"),
+        ("GPUUtilizationLow", "1"),
+    }
+    assert [what for _t, what in handed] == [
+        [
+            ("GPUDataLoaderStarved", "0", "firing"),
+            ("GPUUtilizationLow", "1", "firing"),
+        ]
+    ]

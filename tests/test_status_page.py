@@ -73,6 +73,26 @@ def test_status_json_and_page_show_every_gpu(daemon_factory) -> None:
     assert 'http-equiv="refresh"' in page.text  # reloads itself without JavaScript
 
 
+def test_a_gpu_lost_before_it_was_read_says_so_for_its_name_and_uuid(daemon_factory) -> None:
+    # fell-off-bus's GPU 3 is lost 60 s after the epoch, before this daemon starts: NVML never
+    # gives its name or UUID. The card and the JSON say so rather than show nothing.
+    epoch = str(time.time() - 70)
+    daemon = daemon_factory("--simulate", "fell-off-bus", "--sim.epoch", epoch)
+    wait_until(lambda: len(daemon.get("/api/v1/status").json()["gpus"]) == 8, what="every GPU")
+    status = daemon.get("/api/v1/status").json()
+    lost = status["gpus"][3]
+    assert lost["state"] == "lost"
+    assert lost["name"] == "name unknown: lost before it was read"
+    assert lost["uuid"] == "UUID unknown: lost before it was read"
+    assert all(gpu["name"] and gpu["uuid"] for gpu in status["gpus"]), status["gpus"]
+    shown = cards(daemon.get("/").text)
+    card = next(card for card in shown if card.gpu == 3)
+    assert "<small>name unknown: lost before it was read</small>" in card.html
+    assert '<p class="uuid">UUID unknown: lost before it was read &middot; lost</p>' in card.html
+    for card in shown:
+        assert "<small></small>" not in card.html and '<p class="uuid"> &middot;' not in card.html
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

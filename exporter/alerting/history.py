@@ -13,6 +13,8 @@ that a reader asking for a name it did not declare fails at once instead of seei
 
 from __future__ import annotations
 
+import threading
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, NamedTuple
@@ -25,6 +27,13 @@ Labels = tuple[tuple[str, str], ...]
 Point = tuple[float, float]
 
 POINTS = 360
+# The marker of a series that went missing (Prometheus's staleness marker): an instant selector
+# finds nothing after it, a range skips it. Compared by identity: a NaN reading is a value.
+STALE = float("nan")
+
+
+def _time(point: Point) -> float:
+    return point[0]
 
 
 class Sample(NamedTuple):
@@ -78,9 +87,30 @@ class History:
         self._spacing: dict[str, float] = {}
         self.now: float | None = None
         self.started: float | None = None
+        # The collection thread adds while request threads (the status page) read.
+        self._lock = threading.Lock()
+        self._pruned_at: float | None = None
+        # The series that may hold a staleness marker: the others are copied without a look.
+        self._marked: set[tuple[str, Labels]] = set()
 
-    def add(self, samples: Iterable[Sample], at: float) -> None:
-        """Record one collection's samples at time ``at``; forget what is past its horizon."""
+    def add(
+        self, samples: Iterable[Sample], at: float, gone: Iterable[tuple[str, Labels]] = ()
+    ) -> None:
+        """Record one collection's samples at time ``at``; forget what is past its horizon.
+
+        ``gone`` are series that were there before and are no longer: each gets a staleness
+        marker at ``at``, as Prometheus writes one for a series a scrape or a rule stops giving.
+        """
+        samples = list(samples)  # drawn before the lock: a generator may read this history
+        with self._lock:
+            for name, labels in gone:
+                points = self._series.get(name, {}).get(labels)
+                if points and points[-1][1] is not STALE and points[-1][0] < at:
+                    points.append((at, STALE))
+                    self._marked.add((name, labels))
+            self._add(samples, at)
+
+    def _add(self, samples: list[Sample], at: float) -> None:
         self.now = at
         if self.started is None:
             self.started = at
@@ -94,10 +124,18 @@ class History:
             spacing = self._spacing.get(sample.name)
             if spacing is None:
                 spacing = self._spacing[sample.name] = self._horizon(sample.name) / POINTS
-            if len(points) >= 2 and points[-1][0] - points[-2][0] < spacing:
+            if (
+                len(points) >= 2
+                and points[-1][0] - points[-2][0] < spacing
+                and points[-1][1] is not STALE
+                and points[-2][1] is not STALE
+            ):
                 points[-1] = (at, sample.value)
             else:
                 points.append((at, sample.value))
+        if self._pruned_at is not None and at <= self._pruned_at:
+            return  # a second add at the same time (the recorded series): pruned already
+        self._pruned_at = at
         for name in list(self._series):
             family = self._series[name]
             oldest = at - self._horizon(name)
@@ -107,34 +145,63 @@ class History:
                     points.popleft()
                 if not points:
                     del family[labels]
+                    self._marked.discard((name, labels))
             if not family:
                 del self._series[name]
 
     def latest(self, name: str) -> dict[Labels, float]:
         """The series of ``name`` present in the latest collection, with their values."""
         self._check(name)
-        return {
-            labels: points[-1][1]
-            for labels, points in self._series.get(name, {}).items()
-            if points[-1][0] == self.now
-        }
+        with self._lock:
+            return {
+                labels: points[-1][1]
+                for labels, points in self._series.get(name, {}).items()
+                if points[-1][0] == self.now and points[-1][1] is not STALE
+            }
+
+    def at(self, name: str, time: float, lookback: float) -> dict[Labels, float]:
+        """An instant selector at ``time``: each series' last sample within the lookback.
+
+        None for a series whose last sample by then is a staleness marker.
+        """
+        self._check(name)
+        found = {}
+        with self._lock:
+            for labels, points in self._series.get(name, {}).items():
+                for when, value in reversed(points):
+                    if when <= time:
+                        if when >= time - lookback and value is not STALE:
+                            found[labels] = value
+                        break
+        return found
 
     def points(self, name: str, start: float, end: float) -> dict[Labels, list[Point]]:
         """Every series of ``name`` with its samples in [start, end] (as Prometheus selects)."""
         self._check(name)
         found = {}
-        for labels, points in self._series.get(name, {}).items():
-            if points and start <= points[0][0] and points[-1][0] <= end:
-                inside = list(points)  # all of it, the usual case: copied without a loop
-            else:
-                inside = [p for p in points if start <= p[0] <= end]
-            if inside:
-                found[labels] = inside
+        with self._lock:
+            for labels, points in self._series.get(name, {}).items():
+                if not points:
+                    continue
+                if start <= points[0][0] and points[-1][0] <= end:
+                    inside = list(points)  # all of it, the usual case: copied without a loop
+                else:
+                    every = list(points)
+                    first = bisect_left(every, start, key=_time)
+                    inside = every[first : bisect_right(every, end, lo=first, key=_time)]
+                if (name, labels) in self._marked:
+                    if any(p[1] is STALE for p in points):
+                        inside = [p for p in inside if p[1] is not STALE]
+                    else:
+                        self._marked.discard((name, labels))  # its markers are past the horizon
+                if inside:
+                    found[labels] = inside
         return found
 
     def names(self) -> set[str]:
         """The metric names held."""
-        return set(self._series)
+        with self._lock:
+            return set(self._series)
 
     def _check(self, name: str) -> None:
         if self.keep is not None and name not in self.keep:

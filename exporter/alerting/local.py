@@ -7,6 +7,8 @@ Every cycle's samples go into the history; the rules are evaluated once per eval
 With delivery targets, the pending and firing alerts are kept in the relay's queue database (table
 ``local_alerts``), so that a restart neither loses a resolve nor fires an alert anew, and a firing
 alert is notified again every `alerting.repeat_interval`, as Alertmanager's repeat_interval.
+The inhibit rules of the thresholds file mute notifications as an Alertmanager loading them would
+(:mod:`exporter.alerting.inhibition`); an inhibited alert stays pending or firing all the same.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from exporter.alerting.evaluator import Alert, Evaluator, warm_up_seconds
 from exporter.alerting.history import History, Labels, Sample, snapshot_samples
+from exporter.alerting.inhibition import find_inhibitor
 from exporter.alerting.thresholds import Thresholds
 from exporter.collection import Snapshot
 
@@ -64,6 +67,7 @@ class LocalAlerting:
             interval=evaluation_interval,
         )
         self.notifier = notifier
+        self.inhibit_rules = thresholds.inhibit_rules
         # Seconds between notifications of a firing alert (0: only when it fires and resolves).
         self.repeat_interval = repeat_interval
         self._notified: dict[Key, float] = {}
@@ -98,6 +102,8 @@ class LocalAlerting:
 
     def observe_samples(self, samples: Iterable[Sample], now: float) -> list[Alert]:
         """:meth:`observe` on one cycle's samples, taken at ``now``."""
+        # The alerts before this evaluation: the series of those that resolve in it.
+        previous = self.evaluator.active() if self.notifier is not None else []
         changed = self.evaluator.observe(samples, now)
         for alert in changed:
             log.info(
@@ -109,25 +115,61 @@ class LocalAlerting:
         if self.notifier is None:
             return changed
         active = self.evaluator.active()
-        keys = {(alert.name, series): alert for series, alert in active}
-        outgoing = list(changed)
-        for key, alert in keys.items():
-            if alert.firing_since is None:
-                continue
-            if alert in changed:
-                self._notified[key] = now
-            elif (
-                self.repeat_interval and now - self._notified.get(key, now) >= self.repeat_interval
-            ):
-                outgoing.append(alert)
-                self._notified[key] = now
-            else:
-                self._notified.setdefault(key, now)
+        outgoing = self._resolves(changed, previous) + self._firing(changed, active, now)
+        keys = {(alert.name, series) for series, alert in active}
         self._notified = {k: at for k, at in self._notified.items() if k in keys}
         if outgoing:
             self.notifier.send(outgoing, now)
         self._save(active)
         return changed
+
+    def _resolves(self, changed: list[Alert], previous: list[tuple[Labels, Alert]]) -> list[Alert]:
+        """The resolved alerts whose firing was notified.
+
+        An alert inhibited all the while it fired sends no resolve: its receivers never heard of
+        it. One notified before its inhibition began (an XID 79 paged before GPUFellOffBus's
+        `for:` had passed) does, even while its source still fires, where Alertmanager mutes
+        it: a resolve pages nobody, and without it the incident its firing opened (a PagerDuty
+        page) would stay open.
+        """
+        resolves = []
+        for alert in changed:
+            if alert.resolved_at is None:
+                continue
+            series = next((s for s, a in previous if a.labels == alert.labels), None)
+            if (alert.name, series) in self._notified:
+                resolves.append(alert)
+        return resolves
+
+    def _firing(
+        self, changed: list[Alert], active: list[tuple[Labels, Alert]], now: float
+    ) -> list[Alert]:
+        """The firing alerts to notify now: those that fired, or repeat, and are not inhibited.
+
+        An alert inhibited when it fired is notified once its inhibition ends (its source
+        resolved) if it still fires, as Alertmanager would; while inhibited it neither fires
+        nor repeats.
+        """
+        firing = [alert.labels for _series, alert in active if alert.firing_since is not None]
+        outgoing = []
+        for series, alert in active:
+            if alert.firing_since is None:
+                continue
+            source = find_inhibitor(alert.labels, firing, self.inhibit_rules)
+            if source is not None:
+                if alert in changed:
+                    log.info(
+                        "local alert %s not notified: inhibited by %s",
+                        alert.name,
+                        source.get("alertname", ""),
+                    )
+                continue
+            key = (alert.name, series)
+            last = self._notified.get(key)
+            if last is None or (self.repeat_interval and now - last >= self.repeat_interval):
+                outgoing.append(alert)
+                self._notified[key] = now
+        return outgoing
 
     def _save(self, active: list[tuple[Labels, Alert]]) -> None:
         """Keep the alerts in the queue database when they changed (not every evaluation)."""

@@ -431,10 +431,16 @@ def bottleneck_rules(thresholds: Thresholds) -> list[Rule]:
             f"{in_use}",
         ),
         (
+            # GPUJobHung's condition itself: kernels resident, no power drawn.
+            "hung",
+            "GPUJobHung",
+            f"{hung_power(thresholds)}\nand on ({GPU}) (\n{_indented(above_for(thresholds))}\n)",
+        ),
+        (
             "compute_bound",
             "GPUUtilizationHigh",
             f"{names['avg']} > {_num(high.number('above'))}\n{in_use}\n"
-            f"{unless('memory_bandwidth_bound')}",
+            f"{unless('memory_bandwidth_bound')}\n{unless('hung')}",
         ),
         (
             "thermal_throttled",

@@ -2,7 +2,9 @@
 
 ``alert_rules/thresholds.yaml`` is the only place the numbers live. The committed rule files are
 rendered from it (:mod:`exporter.alerting.render`); the Helm chart and the local evaluator read it
-through :func:`load`, so no second copy can drift.
+through :func:`load`, so no second copy can drift. Its ``inhibit_rules`` are Alertmanager's, in
+Alertmanager's syntax: local alerting applies them (:mod:`exporter.alerting.inhibition`), and
+docs/runbooks.md shows the same block for an Alertmanager's configuration.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import yaml
+
+from exporter.alerting.inhibition import EXAMPLE, InhibitRule, Matcher, parse_matchers
 
 # The repository's alert_rules/ folder: thresholds.yaml and the rendered rule files live there.
 RULES_DIR = Path(__file__).resolve().parent.parent.parent / "alert_rules"
@@ -68,6 +72,9 @@ SHARED_FOR: Mapping[str, str] = {"GPUJobHung": "GPUUtilizationHigh"}
 
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 _UNIT_SECONDS = (86400, 3600, 60, 1)
+# A label name in an inhibit rule's `equal`, as Alertmanager validates it.
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_INHIBIT_RULE_KEYS = ("source_matchers", "target_matchers", "equal")
 
 
 class ThresholdsError(ValueError):
@@ -132,6 +139,8 @@ class Thresholds:
     gap_tolerance: str
     alerts: Mapping[str, AlertThresholds]
     bottlenecks: BottleneckThresholds
+    # Alertmanager's inhibit rules, which local alerting applies to its notifications too.
+    inhibit_rules: tuple[InhibitRule, ...] = ()
 
     def alert(self, name: str) -> AlertThresholds:
         """Return the thresholds of the alert called ``name``."""
@@ -174,6 +183,7 @@ def parse(document: object, origin: str = "thresholds") -> Thresholds:
             "gap_tolerance",
             "bottlenecks",
             "alerts",
+            "inhibit_rules",
         },
         origin,
         "",
@@ -210,6 +220,7 @@ def parse(document: object, origin: str = "thresholds") -> Thresholds:
     for name, owner in SHARED_FOR.items():
         alerts[name] = replace(alerts[name], for_=alerts[owner].for_)
     bottlenecks = _bottlenecks(top.get("bottlenecks"), origin)
+    inhibit_rules = _inhibit_rules(top.get("inhibit_rules"), origin)
     return Thresholds(
         base_url.rstrip("/"),
         job_regex,
@@ -219,7 +230,56 @@ def parse(document: object, origin: str = "thresholds") -> Thresholds:
         gap_tolerance,
         alerts,
         bottlenecks,
+        inhibit_rules,
     )
+
+
+def _inhibit_rules(value: object, origin: str) -> tuple[InhibitRule, ...]:
+    if not isinstance(value, list):
+        raise ThresholdsError(
+            f"{origin}: inhibit_rules: expected a list of Alertmanager inhibit rules ([] for"
+            f" none), got {value!r}"
+        )
+    return tuple(
+        _inhibit_rule(entry, origin, f"inhibit_rules[{index}]") for index, entry in enumerate(value)
+    )
+
+
+def _inhibit_rule(entry: object, origin: str, path: str) -> InhibitRule:
+    fields = _mapping(entry, origin, path)
+    unknown = sorted(set(fields) - set(_INHIBIT_RULE_KEYS))
+    if unknown:
+        # Alertmanager's older source_match / target_match forms included.
+        raise ThresholdsError(
+            f"{origin}: {path}.{unknown[0]}: unknown key, expected {', '.join(_INHIBIT_RULE_KEYS)}"
+        )
+    source = _matchers(fields.get("source_matchers"), origin, f"{path}.source_matchers")
+    target = _matchers(fields.get("target_matchers"), origin, f"{path}.target_matchers")
+    equal = fields.get("equal", [])
+    if not isinstance(equal, list) or not all(
+        isinstance(name, str) and _LABEL_NAME.match(name) for name in equal
+    ):
+        raise ThresholdsError(
+            f"{origin}: {path}.equal: expected a list of label names like [instance, gpu],"
+            f" got {equal!r}"
+        )
+    return InhibitRule(source, target, tuple(equal))
+
+
+def _matchers(value: object, origin: str, path: str) -> tuple[Matcher, ...]:
+    # Required, unlike in Alertmanager: an empty side would match every alert.
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise ThresholdsError(
+            f"{origin}: {path}: expected a non-empty list of matchers like [{EXAMPLE}],"
+            f" got {value!r}"
+        )
+    matchers: list[Matcher] = []
+    for index, text in enumerate(value):
+        try:
+            matchers.extend(parse_matchers(text))
+        except ValueError as error:
+            raise ThresholdsError(f"{origin}: {path}[{index}]: {error}") from error
+    return tuple(matchers)
 
 
 def _bottlenecks(entry: object, origin: str) -> BottleneckThresholds:

@@ -35,6 +35,7 @@ BOTTLENECKS = {
     "input_starved": ("input-starved", "orange"),
     "underutilized": ("underutilized", "yellow"),
     "memory_bandwidth_bound": ("memory-bandwidth-bound", "purple"),
+    "hung": ("hung", "semi-dark-red"),
     "compute_bound": ("compute-bound", "blue"),
     "thermal_throttled": ("throttled (thermal)", "red"),
     "power_capped": ("throttled (power cap)", "dark-red"),
@@ -72,10 +73,18 @@ def _explanation(thresholds: Thresholds) -> str:
             f" compute pipe stays below {percent(bound.number('compute_pipes_below'))} (GPM only)",
         ),
         (
+            "hung",
+            "GPUJobHung",
+            f"utilization above {percent(alert('GPUUtilizationHigh').number('above'))} in every"
+            f" {thresholds.short_window} of the last {alert('GPUUtilizationHigh').for_} while"
+            f" drawing below {percent(alert('GPUJobHung').number('power_below'))} of its power"
+            " limit: kernels wait without computing (a hung collective)",
+        ),
+        (
             "compute_bound",
             "GPUUtilizationHigh",
             f"utilization above {percent(alert('GPUUtilizationHigh').number('above'))}, not"
-            " memory-bound: more GPUs or less work per step",
+            " memory-bound and not hung: more GPUs or less work per step",
         ),
         (
             "thermal_throttled",

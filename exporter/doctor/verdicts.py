@@ -46,6 +46,7 @@ GPUXidError's list make the GPU a hardware fault, the others (application errors
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -104,6 +105,10 @@ FAMILIES = frozenset(
     }
 )
 
+# Why no sample names a GPU: NVML answered GPU_IS_LOST before the exporter could read its name
+# and UUID (its gpu_up 0 has no uuid label, and it has no gpu_info).
+LOST_BEFORE_READ = "lost before it was read"
+
 HEALTHY = ("compute-bound", "busy", "idle")
 ORDER = (
     "hardware-fault",
@@ -149,15 +154,22 @@ class Window:
     names: frozenset[str] | None = None
 
     def of(self, name: str, gpu: str, **matchers: str) -> list[Point]:
-        """The samples of one GPU's series (the first that matches)."""
+        """The samples of one GPU's series: of several that match, the first read last.
+
+        Several match where a label changed within the window: after an exporter restart, a GPU
+        lost before the new exporter could read its UUID; the newest says how the GPU is now.
+        """
         self._check(name)
+        found: list[Point] = []
         for labels, points in self.series.get(name, {}).items():
-            found = dict(labels)
-            if found.get("gpu") != gpu or "mig_instance" in found:
+            label = dict(labels)
+            if label.get("gpu") != gpu or "mig_instance" in label:
                 continue
-            if all(found.get(k) == v for k, v in matchers.items()):
-                return points
-        return []
+            if not all(label.get(k) == v for k, v in matchers.items()):
+                continue
+            if not found or (points and points[-1][0] > found[-1][0]):
+                found = points
+        return found
 
     def each(self, name: str, gpu: str) -> dict[Labels, list[Point]]:
         """Every series of ``name`` for one GPU."""
@@ -183,13 +195,21 @@ class Window:
             raise KeyError(f"this window was not gathered with {name}: add it to FAMILIES")
 
     def gpus(self) -> dict[str, dict[str, str]]:
-        """GPU index -> its identity labels (from gpu_info, else gpu_up)."""
+        """GPU index -> its identity labels (gpu_info's, else gpu_up's), the latest known.
+
+        The series read last win, gpu_info over gpu_up at the same time; a label they lack is
+        taken from earlier series that had it: a GPU lost before a restarted exporter could read
+        it has a ``gpu_up 0`` without ``uuid`` and no ``gpu_info``, its earlier series both.
+        """
         found: dict[str, dict[str, str]] = {}
-        for name in ("gpu_up", "gpu_info"):
-            for labels in self.series.get(name, {}):
-                identity = dict(labels)
-                if "gpu" in identity:
-                    found.setdefault(identity["gpu"], {}).update(identity)
+        series = [
+            (points[-1][0] if points else -math.inf, order, dict(labels))
+            for order, name in enumerate(("gpu_up", "gpu_info"))
+            for labels, points in self.series.get(name, {}).items()
+        ]
+        for _last_read, _order, identity in sorted(series, key=lambda item: item[:2]):
+            if "gpu" in identity:
+                found.setdefault(identity["gpu"], {}).update(identity)
         return dict(sorted(found.items(), key=lambda item: int(item[0])))
 
 
@@ -444,33 +464,57 @@ def xids(window: Window, gpu: str, t: Thresholds) -> list[Xid]:
     return sorted(found, key=lambda xid: (not xid.critical, xid.code))
 
 
+def _lost(window: Window, gpu: str) -> str:
+    """Since when a GPU reads ``gpu_up 0``: the evidence that it fell off the bus."""
+    # Every series of it: across a restart, the one with its UUID and the one without.
+    readings = sorted(point for points in window.each("gpu_up", gpu).values() for point in points)
+    up = [at for at, value in readings if value != 0]
+    if not up:
+        return f"gpu_up 0 in all {len(readings)} readings of the window"
+    since = sum(at > up[-1] for at, _value in readings)
+    return (
+        f"gpu_up 1 until {up[-1] - window.start:.0f} s into the window, "
+        f"0 in the {since} readings since"
+    )
+
+
 def _hardware(
     window: Window, gpu: str, t: Thresholds, f: Mapping[str, Any], reported: list[Xid]
 ) -> Finding | None:
-    problems: list[tuple[str, str]] = []
+    # (alert, the problem, the reading that shows it): the first problem is the finding's
+    # summary and its reading the first evidence; the other problems follow as evidence.
+    problems: list[tuple[str, str, str]] = []
     if f["up"] == 0:
-        problems.append(("GPUFellOffBus", "NVML answers GPU is lost: it has fallen off the bus"))
+        summary = "NVML answers GPU is lost: it has fallen off the bus"
+        problems.append(("GPUFellOffBus", summary, _lost(window, gpu)))
     for xid in reported:
         if xid.critical:
             alert = "GPURecoveryActionRequired" if xid.code == RECOVERY_XID else "GPUXidError"
-            problems.append((alert, xid.text(gpu)))
-    volatile = window.of("gpu_ecc_errors_total", gpu, type="uncorrected", counter="volatile")
-    if (_last(volatile) or 0) > 0:
-        problems.append(
-            ("GPUECCUncorrectable", f"{_last(volatile):.0f} uncorrectable ECC errors since load")
-        )
+            reading = f'gpu_xid_errors_total{{xid="{xid.code}"}} {xid.count}'
+            problems.append((alert, xid.text(gpu), reading))
+    volatile = _last(window.of("gpu_ecc_errors_total", gpu, type="uncorrected", counter="volatile"))
+    if (volatile or 0) > 0:
+        reading = f'gpu_ecc_errors_total{{type="uncorrected",counter="volatile"}} {volatile:.0f}'
+        summary = f"{volatile:.0f} uncorrectable ECC errors since load"
+        problems.append(("GPUECCUncorrectable", summary, reading))
     if _last(window.of("gpu_row_remap_failed", gpu)) == 1:
-        problems.append(("GPURowRemapFailed", "a memory row remap failed"))
-    pending = _last(window.of("gpu_row_remap_pending", gpu)) == 1
-    if pending or _last(window.of("gpu_retired_pages_pending", gpu)) == 1:
-        problems.append(("GPURowRemapPending", "a row remap (or page retirement) is pending"))
+        summary = "a memory row remap failed"
+        problems.append(("GPURowRemapFailed", summary, "gpu_row_remap_failed 1"))
+    pending = [
+        name
+        for name in ("gpu_row_remap_pending", "gpu_retired_pages_pending")
+        if _last(window.of(name, gpu)) == 1
+    ]
+    if pending:
+        summary = "a row remap (or page retirement) is pending"
+        problems.append(("GPURowRemapPending", summary, f"{pending[0]} 1"))
     if not problems:
         return None
-    alert = problems[0][0]
+    alert, summary, reading = problems[0]
     return Finding(
         "hardware-fault",
-        problems[0][1],
-        [text for _alert, text in problems],
+        summary,
+        [reading, *(problem for _alert, problem, _reading in problems[1:])],
         t.runbook_url(alert),
         runbooks.steps(alert),
     )
@@ -641,7 +685,7 @@ def diagnose(window: Window, thresholds: Thresholds) -> list[Report]:
         unmeasured = _unmeasured(identity.get("name", "") or "this GPU", f, mig, gpm, instances)
         # A mean over the window needs two readings of the counters (of gpu_up in MIG mode,
         # where the instances' counters stand in for utilization).
-        readings = len(window.of("gpu_up", gpu)) if mig else f["samples"] or 0
+        readings = len(window.of("gpu_up", gpu)) if mig else int(f["samples"] or 0)
         measured = readings >= 2 or f["up"] == 0
         if not findings:
             if mig and f["up"] != 0:
@@ -649,16 +693,17 @@ def diagnose(window: Window, thresholds: Thresholds) -> list[Report]:
             elif measured:
                 findings.append(_healthy(thresholds, gpu in in_use, f))
         if not measured:
-            findings.append(_unknown(f, unmeasured))
+            findings.append(_unknown(readings, unmeasured))
         findings.sort(key=lambda finding: ORDER.index(finding.state))
         state = findings[0].state if measured else "unknown"
         if not measured:
             findings.insert(0, findings.pop())
+        lost = f["up"] == 0
         reports.append(
             Report(
                 gpu,
-                identity.get("uuid", ""),
-                identity.get("name", ""),
+                identity.get("uuid") or unidentified("UUID", lost),
+                identity.get("name") or unidentified("name", lost),
                 state,
                 findings,
                 f,
@@ -669,6 +714,11 @@ def diagnose(window: Window, thresholds: Thresholds) -> list[Report]:
             )
         )
     return reports
+
+
+def unidentified(what: str, lost: bool) -> str:
+    """What stands for a GPU's ``what`` (name, UUID) where no sample carries it, and why."""
+    return f"{what} unknown: {LOST_BEFORE_READ if lost else 'in no sample of the window'}"
 
 
 def _mig_mode(window: Window, gpu: str) -> bool:
@@ -824,18 +874,15 @@ def _by_order(item: tuple[str, int]) -> int:
     return ORDER.index(item[0]) if item[0] in ORDER else len(ORDER)
 
 
-def _unknown(f: Mapping[str, Any], unmeasured: list[Unmeasured]) -> Finding:
+def _unknown(readings: int, unmeasured: list[Unmeasured]) -> Finding:
+    evidence = [f"{readings} reading(s) in the window"]
     if unmeasured:
-        why = unmeasured[0].text()
-    else:
-        why = f"{f['samples'] or 0:.0f} reading(s) in the window, a mean needs two"
+        return Finding("unknown", f"not measurable: {unmeasured[0].text()}", evidence)
     return Finding(
         "unknown",
-        f"not measurable: {why}",
-        [why],
-        steps=["Sample longer (--duration) or more often (--collect.interval)."]
-        if not unmeasured
-        else [],
+        "not measurable: a mean needs two readings",
+        evidence,
+        steps=["Sample longer (--duration) or more often (--collect.interval)."],
     )
 
 

@@ -42,6 +42,9 @@ _HEADER = (
     "# A Helm template: each threshold reads .T, the merged thresholds (prometheusrule.yaml).\n"
 )
 _DURATION = re.compile(r"^(?:\d+d)?(?:\d+h)?(?:\d+m)?(?:\d+s)?$")
+# Thresholds keys no rule reads: the inhibit rules are Alertmanager's configuration (and local
+# alerting's), which the chart does not render, so the values cannot override them either.
+NOT_IN_RULES = frozenset({"inhibit_rules"})
 
 Path_ = tuple[str, ...]
 
@@ -172,6 +175,8 @@ def _stand_ins(
         return re.compile(rf"(?<![\d.]){re.escape(text)}(?![\d])")
 
     for path, value in _leaves(document):
+        if path[0] in NOT_IN_RULES:
+            continue
         ref = _ref(path)
         if path[-1] == "severity":
             replacements.append((re.compile(_severity_marker(path[-2])), "{{ " + ref + " }}"))
@@ -236,7 +241,8 @@ def thresholds_schema(document: dict[str, Any]) -> dict[str, Any]:
         for name in thresholds.PARAMETERS
         for key, kind in thresholds.PARAMETERS[name].items()
     }
-    return _schema_of(document, (), kinds)
+    overridable = {key: value for key, value in document.items() if key not in NOT_IN_RULES}
+    return _schema_of(overridable, (), kinds)
 
 
 def _schema_of(value: Any, path: Path_, kinds: dict[Path_, str]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from exporter.alerting.local import LocalAlerting
 from exporter.alerting.thresholds import Thresholds
 from exporter.collection import Snapshot
 from exporter.doctor.sampling import window_of
-from exporter.doctor.verdicts import Report, diagnose
+from exporter.doctor.verdicts import Report, diagnose, unidentified
 
 StartResponse = Callable[..., Any]
 # The doctor's window on the status page.
@@ -382,8 +382,9 @@ class StatusPage:
         xids = labelled["xids"].get(key, {})
         return {
             "index": gpu.index,
-            "name": gpu.name,
-            "uuid": gpu.uuid,
+            # A GPU lost before it was read has neither: the page says so rather than nothing.
+            "name": gpu.name or unidentified("name", not gpu.up),
+            "uuid": gpu.uuid or unidentified("UUID", not gpu.up),
             "state": "stale" if gpu.stale else "up" if gpu.up else "lost",
             "bars": bars,
             "clock_events": [
