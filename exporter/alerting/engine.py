@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from itertools import pairwise
+from operator import itemgetter
 
 from exporter.alerting.history import History, Labels, Point
 from exporter.alerting.promql import (
@@ -178,7 +179,7 @@ class Evaluation:
                 value = float(sum(1 for a, b in pairwise(points) if b[1] < a[1]))
             else:
                 assert over is not None
-                value = over([v for _, v in points])
+                value = over(list(map(itemgetter(1), points)))
             # Prometheus 2.x keeps the metric name through last_over_time() alone.
             key = _named(name, labels) if call.function == "last_over_time" else labels
             result[key] = value
@@ -235,6 +236,8 @@ def _mean(values: list[float]) -> float:
 
 def _mean_over_time(values: list[float]) -> float:
     """``avg_over_time``: the running mean with Kahan-Neumaier compensation, as Prometheus 2.42."""
+    if values[0] == min(values) == max(values):
+        return values[0]  # what the running mean gives exactly, without the loop (most 0/1 gauges)
     mean, count, compensation = 0.0, 0.0, 0.0
     for value in values:
         count += 1
