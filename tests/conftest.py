@@ -16,6 +16,11 @@ def pytest_configure(config: pytest.Config) -> None:
         "real_time: runs for real minutes against a real engine; scripts/test runs these as a"
         " step of their own after the main suite",
     )
+    config.addinivalue_line(
+        "markers",
+        "differential: minutes of CPU comparing gpuload's rule engine with promtool on generated"
+        " series; scripts/test runs these as a step of their own after the main suite",
+    )
 
 
 @pytest.fixture

@@ -28,7 +28,10 @@ from tests import rule_cases
 CASES = 120
 SHARDS = 6
 promtool = shutil.which("promtool")
-pytestmark = pytest.mark.skipif(promtool is None, reason="promtool (Prometheus) not installed")
+pytestmark = [
+    pytest.mark.skipif(promtool is None, reason="promtool (Prometheus) not installed"),
+    pytest.mark.differential,
+]
 
 
 def _exporter_labels(labels: dict[str, str], rule_labels: dict[str, str]) -> dict[str, str]:

@@ -11,7 +11,8 @@ throttled-power           ``hw_power_brake`` likewise, or ``sw_power_cap`` with 
                           below ``POWER_THROTTLE_CLOCK_RATIO`` of its maximum (a busy GPU at its
                           power limit with its clocks near their maximum is compute-bound)
 pcie-bound                a busy GPU on a PCIe link below its capability (GPUPCIeLinkDegraded),
-                          or moving more than ``PCIE_BUSY_RATIO`` of its link's bandwidth
+                          or moving more than the bottleneck classes' ``link_busy_above``
+                          of its link's bandwidth
 memory-bandwidth-bound    GPUMemoryBandwidthBound's DRAM and compute-pipe thresholds (GPM only)
 input-starved             in use, averaging below GPUDataLoaderStarved's ``average_below`` and
                           fully idle (no kernel at all) more than its ``idle_above`` of the
@@ -60,7 +61,6 @@ from exporter.doctor import runbooks
 # The doctor's own thresholds, where no alert has one.
 COMPUTE_BOUND_ABOVE = 0.80
 POWER_THROTTLE_CLOCK_RATIO = 0.80
-PCIE_BUSY_RATIO = 0.70
 # Bytes per second per lane, after encoding, by PCIe generation.
 PCIE_LANE_BYTES = {1: 250e6, 2: 500e6, 3: 984.6e6, 4: 1969e6, 5: 3938e6, 6: 7563e6}
 
@@ -589,7 +589,7 @@ def _pcie(t: Thresholds, f: Mapping[str, Any]) -> Finding | None:
             )
     capacity = f["pcie_capacity_bytes_per_second"]
     traffic = max(f["pcie_rx_bytes_per_second"] or 0, f["pcie_tx_bytes_per_second"] or 0)
-    if capacity and traffic / capacity > PCIE_BUSY_RATIO:
+    if capacity and traffic / capacity > t.bottlenecks.link_busy_above:
         return _finding(
             t,
             "pcie-bound",

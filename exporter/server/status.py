@@ -37,10 +37,6 @@ from exporter.doctor.verdicts import Report, diagnose, unidentified
 StartResponse = Callable[..., Any]
 # The doctor's window on the status page.
 VERDICT_SECONDS = 30.0
-# Where no thresholds file is loaded: alert_rules/thresholds.yaml's values.
-MEMORY_FULL_ABOVE = 0.95  # GPUMemoryNearlyFull used_above
-TEMPERATURE_MARGIN = 5.0  # GPUTemperatureHigh margin_celsius
-TEMPERATURE_FALLBACK = 85.0  # GPUTemperatureHigh fallback_celsius
 # A GPU drawing this much of its power limit is at its cap.
 POWER_AT_LIMIT = 0.98
 # Clock event reasons that hold the clocks down; the others (idle, application clocks, sync
@@ -319,7 +315,8 @@ class StatusPage:
         for key in sorted({*used, *total, *active}, key=lambda k: (int(k[0]), int(k[1]))):
             gpu, instance, profile = key
             ratio = _ratio(used.get(key), total.get(key))
-            level = "warn" if ratio is not None and ratio > memory_full else "ok"
+            full = ratio is not None and memory_full is not None and ratio > memory_full
+            level = "warn" if full else "ok"
             memory = _bar(
                 "Memory",
                 ratio,
@@ -335,10 +332,11 @@ class StatusPage:
             )
         return found
 
-    def _memory_full(self) -> float:
+    def _memory_full(self) -> float | None:
+        """GPUMemoryNearlyFull's threshold; None without a thresholds file (no bar is judged)."""
         thresholds = self._thresholds()
         if thresholds is None:
-            return MEMORY_FULL_ABOVE
+            return None
         return thresholds.alert("GPUMemoryNearlyFull").number("used_above")
 
     def _gpu(
@@ -363,7 +361,8 @@ class StatusPage:
         throttles = [r for r in THROTTLE_REASONS if events.get(r)]
         memory_ratio = _ratio(used, total)
         memory_full = self._memory_full()
-        memory_level = "warn" if memory_ratio is not None and memory_ratio > memory_full else "ok"
+        full = memory_ratio is not None and memory_full is not None and memory_ratio > memory_full
+        memory_level = "warn" if full else "ok"
         bars = [
             _bar("Utilization", get("util"), f"{(get('util') or 0) * 100:.0f}%"),
             _bar(
@@ -411,17 +410,19 @@ class StatusPage:
         self, temp: float | None, slowdown: float | None, shutdown: float | None
     ) -> dict[str, Any]:
         thresholds = self._thresholds()
-        margin, fallback = TEMPERATURE_MARGIN, TEMPERATURE_FALLBACK
-        if thresholds is not None:
-            high = thresholds.alert("GPUTemperatureHigh")
-            margin, fallback = high.number("margin_celsius"), high.number("fallback_celsius")
         ceiling = shutdown or slowdown or 100.0
         if temp is None:
             return _bar("Temperature", None, "")
         level, note = "ok", ""
+        # "Near" is GPUTemperatureHigh's (no thresholds file: only the GPU's own slowdown).
+        near = None
+        if thresholds is not None:
+            high = thresholds.alert("GPUTemperatureHigh")
+            margin, fallback = high.number("margin_celsius"), high.number("fallback_celsius")
+            near = slowdown - margin if slowdown is not None else fallback
         if slowdown is not None and temp >= slowdown:
             level, note = "crit", f"at slowdown {slowdown:.0f} °C"
-        elif temp >= (slowdown - margin if slowdown is not None else fallback):
+        elif near is not None and temp >= near:
             level, note = "warn", f"near slowdown {slowdown or fallback:.0f} °C"
         text = f"{temp:.0f} °C" + (f" / {slowdown:.0f}" if slowdown is not None else "")
         mark = _ratio(slowdown, ceiling) if slowdown is not None else None
