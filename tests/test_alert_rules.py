@@ -140,10 +140,7 @@ def test_settings_that_belong_to_another_are_refused(
     change: Callable[[dict[str, Any]], None], message: str
 ) -> None:
     """The gap tolerance must hold a short window; GPUJobHung judges GPUUtilizationHigh's window."""
-    document = yaml.safe_load(thresholds.DEFAULT_PATH.read_text(encoding="utf-8"))
-    change(document)
-    with pytest.raises(thresholds.ThresholdsError, match=re.escape(message)):
-        thresholds.parse(document)
+    _assert_refused(change, message)
     loaded = thresholds.load()
     assert loaded.alert("GPUJobHung").for_ == loaded.alert("GPUUtilizationHigh").for_
 
@@ -219,6 +216,11 @@ def _second_rule(**fields: object) -> Callable[[dict[str, Any]], None]:
 def test_bad_inhibit_rules_name_the_key(
     change: Callable[[dict[str, Any]], None], message: str
 ) -> None:
+    _assert_refused(change, message)
+
+
+def _assert_refused(change: Callable[[dict[str, Any]], None], message: str) -> None:
+    """The shipped thresholds, changed so, are refused with ``message``."""
     document = yaml.safe_load(thresholds.DEFAULT_PATH.read_text(encoding="utf-8"))
     change(document)
     with pytest.raises(thresholds.ThresholdsError, match=re.escape(message)):

@@ -81,13 +81,14 @@ class Evaluation:
     def __init__(self, history: History, now: float) -> None:
         self.history = history
         self.now = now
-        self._instant: dict[tuple[str, float], dict[Labels, float]] = {}
-        self._ranges: dict[tuple[str, float, float], dict[Labels, list[Point]]] = {}
+        # By metric name: what this step has selected of it, by time or by (start, end).
+        self._instant: dict[str, dict[float, dict[Labels, float]]] = {}
+        self._ranges: dict[str, dict[tuple[float, float], dict[Labels, list[Point]]]] = {}
 
     def forget(self, name: str) -> None:
         """Select ``name`` afresh: a rule of this step has just recorded it."""
-        self._instant = {k: v for k, v in self._instant.items() if k[0] != name}
-        self._ranges = {k: v for k, v in self._ranges.items() if k[0] != name}
+        self._instant.pop(name, None)
+        self._ranges.pop(name, None)
 
     def value(self, expr: Expr) -> Value:
         """The value of ``expr`` at this step's time."""
@@ -125,9 +126,10 @@ class Evaluation:
         at = self.now - selector.offset
         result: Vector = {}
         for name in self._names(selector):
-            found = self._instant.get((name, at))
+            selected = self._instant.setdefault(name, {})
+            found = selected.get(at)
             if found is None:
-                found = self._instant[(name, at)] = self.history.at(name, at, LOOKBACK_SECONDS)
+                found = selected[at] = self.history.at(name, at, LOOKBACK_SECONDS)
             for labels, value in found.items():
                 if self._selected(selector, labels):
                     result[_named(name, labels)] = value
@@ -139,10 +141,11 @@ class Evaluation:
         end = self.now - selector.offset
         found = []
         for name in self._names(selector):
-            key = (name, end - selector.range, end)
-            selected = self._ranges.get(key)
+            window = (end - selector.range, end)
+            chosen = self._ranges.setdefault(name, {})
+            selected = chosen.get(window)
             if selected is None:
-                selected = self._ranges[key] = self.history.points(name, key[1], end)
+                selected = chosen[window] = self.history.points(name, *window)
             for labels, points in selected.items():
                 if self._selected(selector, labels):
                     found.append((name, labels, points))
@@ -219,17 +222,22 @@ class Evaluation:
         return _scalar_binary(expr, lhs, rhs)
 
 
+def _stays_infinite(mean: float, value: float) -> bool:
+    """Whether an infinite running mean stays: unless the opposite infinity or a NaN comes."""
+    if not math.isinf(mean):
+        return False
+    if math.isinf(value):
+        return (mean > 0) == (value > 0)
+    return not math.isnan(value)
+
+
 def _mean(values: list[float]) -> float:
     """``avg``'s running mean, as Prometheus 2.x aggregates (it rounds unlike sum / count)."""
     mean, count = 0.0, 0.0
     for value in values:
         count += 1
-        if math.isinf(mean):
-            # An infinite mean stays, unless the opposite infinity or a NaN comes.
-            if math.isinf(value) and (mean > 0) == (value > 0):
-                continue
-            if not math.isinf(value) and not math.isnan(value):
-                continue
+        if _stays_infinite(mean, value):
+            continue
         mean += value / count - mean / count
     return mean
 
@@ -241,11 +249,8 @@ def _mean_over_time(values: list[float]) -> float:
     mean, count, compensation = 0.0, 0.0, 0.0
     for value in values:
         count += 1
-        if math.isinf(mean):
-            if math.isinf(value) and (mean > 0) == (value > 0):
-                continue
-            if not math.isinf(value) and not math.isnan(value):
-                continue
+        if _stays_infinite(mean, value):
+            continue
         increment = value / count - mean / count
         total = mean + increment
         if abs(mean) >= abs(increment):

@@ -91,6 +91,10 @@ def _rules(thresholds: Thresholds) -> list[dict[str, Any]]:
 
 def local_rules(thresholds: Thresholds) -> list[LocalRule]:
     """The rendered alerting rules that can be evaluated locally, in the rule files' order."""
+    return _alerts(_rules(thresholds))
+
+
+def _alerts(rendered: list[dict[str, Any]]) -> list[LocalRule]:
     return [
         LocalRule(
             name=rule["alert"],
@@ -100,36 +104,70 @@ def local_rules(thresholds: Thresholds) -> list[LocalRule]:
             keep_firing_seconds=float(duration_seconds(rule.get("keep_firing_for", "0s"))),
             expr=promql.parse(rule["expr"]),
         )
-        for rule in _rules(thresholds)
+        for rule in rendered
         if "alert" in rule and rule["alert"] not in NOT_LOCAL
     ]
 
 
-def recording_rules(thresholds: Thresholds) -> list[RecordingRule]:
-    """The recording rules the local alerts and the states read, directly or through another."""
-    every = [
-        RecordingRule(rule["record"], promql.parse(rule["expr"]), dict(rule.get("labels", {})))
-        for rule in _rules(thresholds)
-        if "record" in rule
-    ]
-    recorded = {rule.record for rule in every}
-    needed = set(STATE_RECORDS) | engine.names_read(
-        (rule.expr for rule in local_rules(thresholds)), recorded
-    )
-    while True:
-        more = engine.names_read((r.expr for r in every if r.record in needed), recorded)
-        if more <= needed:
-            break
-        needed |= more
-    return [rule for rule in every if rule.record in needed]
+@dataclass(frozen=True)
+class RuleSet:
+    """What the local evaluator evaluates, rendered and parsed once.
 
+    ``recording`` holds the recording rules the local alerts and the states read, directly or
+    through another, in the files' order.
+    """
 
-def families(thresholds: Thresholds) -> frozenset[str]:
-    """Every metric name the local rules read, and the names they record."""
-    recording = recording_rules(thresholds)
-    exprs = [rule.expr for rule in local_rules(thresholds)] + [r.expr for r in recording]
-    recorded = {rule.record for rule in recording}
-    return frozenset(engine.names_read(exprs, recorded) | recorded)
+    alerts: list[LocalRule]
+    recording: list[RecordingRule]
+
+    @classmethod
+    def of(cls, thresholds: Thresholds) -> RuleSet:
+        """The rules rendered from ``thresholds``."""
+        rendered = _rules(thresholds)
+        alerts = _alerts(rendered)
+        every = [
+            RecordingRule(rule["record"], promql.parse(rule["expr"]), dict(rule.get("labels", {})))
+            for rule in rendered
+            if "record" in rule
+        ]
+        recorded = {rule.record for rule in every}
+        needed = set(STATE_RECORDS) | engine.names_read((rule.expr for rule in alerts), recorded)
+        while True:
+            more = engine.names_read((r.expr for r in every if r.record in needed), recorded)
+            if more <= needed:
+                break
+            needed |= more
+        return cls(alerts, [rule for rule in every if rule.record in needed])
+
+    def _exprs(self) -> list[promql.Expr]:
+        return [rule.expr for rule in self.alerts] + [rule.expr for rule in self.recording]
+
+    def _recorded(self) -> set[str]:
+        return {rule.record for rule in self.recording}
+
+    def families(self) -> frozenset[str]:
+        """Every metric name the rules read, and the names they record."""
+        recorded = self._recorded()
+        return frozenset(engine.names_read(self._exprs(), recorded) | recorded)
+
+    def horizon(self, keep: float = 60.0) -> Callable[[str], float]:
+        """How long each family's samples are needed: see :func:`history_horizon`."""
+        recorded = self._recorded()
+        needed: dict[str, float] = {}
+        for expr in self._exprs():
+            for selector in promql.selectors(expr):
+                reach = selector.offset + (
+                    selector.range
+                    if selector.range is not None
+                    else (engine.LOOKBACK_SECONDS if selector.offset else 0.0)
+                )
+                for name in engine.names_read([selector], recorded):
+                    needed[name] = max(needed.get(name, 0.0), reach)
+
+        def horizon(name: str) -> float:
+            return needed.get(name, 0.0) + keep
+
+        return horizon
 
 
 def _with(series: Labels, labels: Mapping[str, str]) -> Labels:
@@ -188,24 +226,7 @@ def history_horizon(thresholds: Thresholds, keep: float = 60.0) -> Callable[[str
     The longest range plus offset any local rule reads the family with (an instant selector
     with an offset looks back Prometheus's 5 minutes more), and ``keep`` for every name.
     """
-    needed: dict[str, float] = {}
-    recording = recording_rules(thresholds)
-    recorded = {rule.record for rule in recording}
-    exprs = [rule.expr for rule in local_rules(thresholds)] + [r.expr for r in recording]
-    for expr in exprs:
-        for selector in promql.selectors(expr):
-            reach = selector.offset + (
-                selector.range
-                if selector.range is not None
-                else (engine.LOOKBACK_SECONDS if selector.offset else 0.0)
-            )
-            for name in engine.names_read([selector], recorded):
-                needed[name] = max(needed.get(name, 0.0), reach)
-
-    def horizon(name: str) -> float:
-        return needed.get(name, 0.0) + keep
-
-    return horizon
+    return RuleSet.of(thresholds).horizon(keep)
 
 
 class Evaluator:
@@ -223,13 +244,14 @@ class Evaluator:
     ) -> None:
         self.thresholds = thresholds
         self.target_labels = (("instance", instance), ("job", job))
+        parsed = RuleSet.of(thresholds)
         # The history keeps what the rules read, and what its other readers declare.
-        keep = families(thresholds) | frozenset(also_keep)
-        self.history = history or History(history_horizon(thresholds), keep)
-        self._recording = recording_rules(thresholds)
+        keep = parsed.families() | frozenset(also_keep)
+        self.history = history or History(parsed.horizon(), keep)
+        self._recording = parsed.recording
         self._recorded: list[set[tuple[str, Labels]]] = [set() for _ in self._recording]
         self._collected: set[tuple[str, Labels]] = set()
-        self._states = [_RuleState(rule) for rule in local_rules(thresholds)]
+        self._states = [_RuleState(rule) for rule in parsed.alerts]
         self._failing: set[str] = set()
         # A series' labels with the target's, as the same series come back every cycle.
         self._targeted: dict[Labels, Labels] = {}

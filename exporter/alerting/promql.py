@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NoReturn
 
 # The functions the engine knows, with their argument kinds ("vector" or "range").
 FUNCTIONS: dict[str, tuple[str, ...]] = {
@@ -216,7 +217,6 @@ class _Parser:
         token = self.peek()
         if token is None:
             self.fail("more")
-        assert token is not None
         self.at += 1
         return token
 
@@ -225,7 +225,7 @@ class _Parser:
             self.fail(repr(text))
         self.at += 1
 
-    def fail(self, expected: str) -> None:
+    def fail(self, expected: str) -> NoReturn:
         token = self.peek()
         where = "the end" if token is None else f"{token[1]!r} at {token[2]}"
         raise ParseError(f"{self.text!r}: expected {expected}, found {where}")
@@ -278,24 +278,25 @@ class _Parser:
             if self.value() == "[":
                 if not isinstance(expr, Selector) or expr.range is not None:
                     self.fail("a range only after a selector")
-                assert isinstance(expr, Selector)
                 self.at += 1
-                token = self.next()
-                if token[0] != "duration":
-                    self.fail("a duration (subqueries are not supported)")
+                seconds = self.duration("a duration (subqueries are not supported)")
                 self.expect("]")
-                expr = Selector(expr.name, expr.matchers, duration(token[1]), expr.offset)
+                expr = Selector(expr.name, expr.matchers, seconds, expr.offset)
             elif self.value() == "offset":
                 if not isinstance(expr, Selector):
                     self.fail("offset only after a selector")
-                assert isinstance(expr, Selector)
                 self.at += 1
-                token = self.next()
-                if token[0] != "duration":
-                    self.fail("a duration after offset")
-                expr = Selector(expr.name, expr.matchers, expr.range, duration(token[1]))
+                seconds = self.duration("a duration after offset")
+                expr = Selector(expr.name, expr.matchers, expr.range, seconds)
             else:
                 return expr
+
+    def duration(self, expected: str) -> float:
+        """The seconds of the duration token next."""
+        token = self.next()
+        if token[0] != "duration":
+            self.fail(expected)
+        return duration(token[1])
 
     def primary(self) -> Expr:
         kind, text, _ = self.next()
