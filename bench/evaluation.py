@@ -16,13 +16,12 @@ import time
 
 from bench.node import BENCH
 from exporter import sim
-from exporter.alerting import thresholds
+from exporter.alerting import states, thresholds
 from exporter.alerting.evaluator import Evaluator
 from exporter.alerting.history import Sample, snapshot_samples
 from exporter.collection import Collection
 from exporter.collectors import REGISTRY
 from exporter.config import AlertingConfig, Config
-from exporter.doctor import verdicts
 
 SCENARIO = BENCH / "scenarios" / "h100x8.yaml"
 # Every cycle, and the daemon's default.
@@ -51,7 +50,7 @@ def _evaluator(interval: float) -> Evaluator:
     return Evaluator(
         thresholds.load(),
         instance="node:19400",
-        also_keep=verdicts.FAMILIES,
+        also_keep=states.FAMILIES,
         interval=interval,
     )
 

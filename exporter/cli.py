@@ -195,20 +195,29 @@ def _doctor_parser(subparsers: Any) -> None:
     doctor = subparsers.add_parser(
         "doctor",
         help="sample the GPUs and say what holds each one back",
-        description="Sample the GPUs for a short window and print, per GPU, its state (idle, "
-        "input-starved, memory-bandwidth-bound, compute-bound, throttled, PCIe-bound, "
-        "imbalanced, hardware fault) with the evidence and the next steps from the runbooks. "
-        "Exit code 0 healthy, 1 findings, 2 could not measure.",
+        description="Sample the GPUs, evaluate the shipped rules on the samples and print, per "
+        "GPU, its recorded state, its bottleneck classes (input-starved, memory-bandwidth-bound, "
+        "hung, compute-bound, throttled, PCIe-bound, imbalanced, ...) and its pending and firing "
+        "alerts, with the next steps from the runbooks. On the simulator the scenario's minutes "
+        "are sampled at once. Exit code 0 healthy, 1 findings, 2 could not measure.",
     )
     doctor.add_argument(
-        "--duration", default="30s", help="how long to sample, e.g. 30s, 2m (default 30s)"
+        "--duration",
+        help="how long to sample, e.g. 30s, 10m (default: the rules' warm-up, their window and "
+        "short window after each other, so every mean and alert has its samples)",
     )
     doctor.add_argument(
         "--collect.interval", dest="interval", default="1s", help="sampling interval (default 1s)"
     )
     doctor.add_argument("--json", action="store_true", help="print JSON for machines")
     doctor.add_argument("--simulate", metavar="SCENARIO", help="sample the simulated NVML")
-    doctor.add_argument("--sim.epoch", dest="sim_epoch", type=_unix_seconds, help="scenario start")
+    doctor.add_argument(
+        "--sim.epoch",
+        dest="sim_epoch",
+        type=_unix_seconds,
+        help="scenario start, unix seconds: the doctor samples from it "
+        "(default: so that the samples end now)",
+    )
     doctor.add_argument("--sim.seed", dest="sim_seed", type=int, help="scenario noise seed")
     doctor.add_argument(
         "--prometheus", metavar="URL", help="read the window from this Prometheus instead"
@@ -221,8 +230,8 @@ def _doctor_parser(subparsers: Any) -> None:
 EXAMPLES = """examples:
   gpuload serve                                  export this node's GPUs on :19400
   gpuload serve --simulate training              the same on simulated GPUs, no GPU needed
-  gpuload doctor                                 what holds each GPU back, in 30 s
-  gpuload doctor --simulate data-starved --duration 10s
+  gpuload doctor                                 what holds each GPU back, by the rules
+  gpuload doctor --simulate data-starved         the same on a simulated node, at once
   gpuload relay --config examples/relay-local.yaml
   gpuload sim list                               the simulated scenarios
   gpuload collectors                             every collector, its settings and families
@@ -350,7 +359,7 @@ def _doctor(args: argparse.Namespace) -> int:
     from exporter.doctor.command import Options, run
 
     try:
-        duration = config.parse_duration(args.duration)
+        duration = None if args.duration is None else config.parse_duration(args.duration)
         interval = config.parse_duration(args.interval)
     except ValueError as error:
         print(f"gpuload doctor: {error}", file=sys.stderr)

@@ -1,20 +1,55 @@
-"""Reading what headless Chromium made of the status page: its cards and its screenshot's pixels.
+"""Serving the status page to a browser and reading what headless Chromium made of it.
 
-The PNG reader is a small pure-Python one (zlib and the five PNG row filters): enough for the
-8-bit RGB(A) screenshots Chromium writes, without an imaging library in the test environment.
+:func:`served` puts an in-process page (a SimulatedNode's) on 127.0.0.1, as `gpuload serve`
+would. The rest reads the page: its cards, its summary and its screenshot's pixels. The PNG reader
+is a small pure-Python one (zlib and the five PNG row filters): enough for the 8-bit RGB(A)
+screenshots Chromium writes, without an imaging library in the test environment.
 """
 
 from __future__ import annotations
 
 import re
 import struct
+import threading
 import zlib
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _CHANNELS = {2: 3, 6: 4}  # PNG colour type -> bytes per pixel at 8 bits: RGB, RGBA
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    """One thread per request, as the daemon's front answers several browsers at once."""
+
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Log nothing: every request of a test would be a line."""
+
+
+@contextmanager
+def served(app: Any) -> Iterator[str]:
+    """Serve the WSGI ``app`` on 127.0.0.1 while the block runs; yield its URL."""
+    server = make_server(
+        "127.0.0.1", 0, app, server_class=_ThreadingServer, handler_class=_QuietHandler
+    )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
 
 @dataclass

@@ -6,14 +6,13 @@ import pytest
 from helpers import Clock
 
 from exporter import sim
-from exporter.alerting import thresholds
+from exporter.alerting import states, thresholds
 from exporter.alerting.evaluator import Evaluator, history_horizon
 from exporter.alerting.history import History, Sample, labels_of, snapshot_samples
 from exporter.alerting.local import LocalAlerting
 from exporter.collection import Collection
 from exporter.collectors import REGISTRY
-from exporter.doctor import verdicts
-from exporter.doctor.sampling import window_of
+from exporter.doctor import xids
 from exporter.server.http import MetricsEndpoint
 
 ALL_ON = {name: True for name in REGISTRY}
@@ -26,9 +25,6 @@ def test_a_history_with_declared_names_refuses_any_other() -> None:
     assert history.latest("gpu_up") == {(("gpu", "0"),): 1.0}
     with pytest.raises(KeyError, match="gpu_x"):
         history.latest("gpu_x")
-    window = window_of(history, 30)
-    with pytest.raises(KeyError, match="gpu_x"):
-        window.of("gpu_x", "0")
 
 
 @pytest.mark.parametrize(
@@ -44,9 +40,11 @@ def test_a_history_with_declared_names_refuses_any_other() -> None:
         ("faulty", range(0, 400, 5)),
     ],
 )
-def test_alerts_and_verdicts_are_the_same_as_with_every_family(scenario: str, times: range) -> None:
+def test_alerts_verdicts_and_xids_are_the_same_as_with_every_family(
+    scenario: str, times: range
+) -> None:
     rules = thresholds.load()
-    kept = Evaluator(rules, instance="n1:19400", also_keep=verdicts.FAMILIES)
+    kept = Evaluator(rules, instance="n1:19400", also_keep=states.FAMILIES)
     everything = Evaluator(rules, instance="n1:19400", history=History(history_horizon(rules)))
     assert kept.history.keep is not None and everything.history.keep is None
     clock = Clock(float(times[0]))
@@ -66,11 +64,18 @@ def test_alerts_and_verdicts_are_the_same_as_with_every_family(scenario: str, ti
             assert changes[0] == changes[1], f"t={t}"
             fired.append([(alert.name, alert.state) for alert in changes[0]])
             assert kept.alerts() == everything.alerts(), f"t={t}"
+            # What the doctor and the status page print: each GPU's verdict read from the
+            # evaluation, named by the snapshot's GPUs, and the XIDs each GPU reported.
+            identities = {str(gpu.index): (gpu.name, gpu.uuid) for gpu in snapshot.gpus}
             found = [
-                verdicts.diagnose(window_of(evaluator.history, 30), rules)
+                (
+                    states.read(evaluator.evaluated, rules, identities),
+                    xids.reported(evaluator.history, rules),
+                )
                 for evaluator in (kept, everything)
             ]
             assert found[0] == found[1], f"t={t}"
+            assert found[0][0] is not None and found[0][0].gpus, f"t={t}"
     finally:
         collection.close()
         sim.uninstall()
@@ -94,7 +99,7 @@ def test_a_snapshots_series_are_the_samples_of_its_families(scenario: str) -> No
     # The local history reads a snapshot's series, never its families; both must agree
     # sample for sample, counters' `_total` names and empty labels included.
     rules = thresholds.load()
-    keep = Evaluator(rules, instance="n1:19400", also_keep=verdicts.FAMILIES).history.keep
+    keep = Evaluator(rules, instance="n1:19400", also_keep=states.FAMILIES).history.keep
     clock = Clock(100.0)
     sim.install(scenario, clock=clock, epoch=0)
     collection = Collection(ALL_ON, timeout=5, clock=clock)
@@ -125,7 +130,7 @@ def test_cycles_nobody_scrapes_group_no_samples_into_families() -> None:
     sim.install("h100-nvlink")
     collection = Collection(ALL_ON, timeout=5)
     endpoint = MetricsEndpoint(lambda: collection.snapshot)
-    alerting = LocalAlerting(thresholds.load(), instance="n1:19400", also_keep=verdicts.FAMILIES)
+    alerting = LocalAlerting(thresholds.load(), instance="n1:19400", also_keep=states.FAMILIES)
     try:
         for _ in range(3):
             snapshot = collection.run_cycle()

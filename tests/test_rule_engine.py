@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from exporter.alerting import thresholds
-from exporter.alerting.evaluator import STATE_RECORDS, Evaluator, local_rules
+from exporter.alerting.evaluator import Evaluator, local_rules
 from exporter.alerting.history import Sample
 from exporter.alerting.vectors import INSTANCE, JOB, Case, Check, Expected, to_promtool
 from tests import rule_cases
@@ -65,8 +65,10 @@ def run_case(seed: int, loaded: thresholds.Thresholds) -> tuple[Case, list[dict[
             for alert in evaluator.firing()
         )
         checks.append(Check(at, firing))
-        for name in STATE_RECORDS:
-            samples_now = evaluator.history.at(name, at, 0)
+        evaluated = evaluator.evaluated
+        assert evaluated is not None and evaluated.at == at
+        # The states and the means they were judged on, as the doctor and status page read them.
+        for name, samples_now in evaluated.recorded.items():
             states.append(
                 {
                     "expr": name,

@@ -56,9 +56,16 @@ PARTLY_LOCAL: Mapping[str, str] = {
     "collection cycle, so the age of the last collection is always fresh when it looks",
 }
 
-# The recorded series that say what state each GPU is in, which the status page and the doctor
-# read: evaluated locally whether or not an alert reads them.
-STATE_RECORDS = ("gpu:gpu_state:5m", "gpu:gpu_bottleneck:class5m")
+# The roles (rules.recording_names) of the recorded series that say what state each GPU is in
+# and the 5-min means it was judged on, which the doctor and the status page read: evaluated
+# locally whether or not an alert reads them.
+STATE_ROLES = ("state", "bottleneck", "busy", "mig_sm_active")
+
+
+def state_records(thresholds: Thresholds) -> tuple[str, ...]:
+    """The names of the recorded series of :data:`STATE_ROLES`."""
+    names = rules.recording_names(thresholds)
+    return tuple(names[role] for role in STATE_ROLES)
 
 
 @dataclass(frozen=True)
@@ -131,7 +138,9 @@ class RuleSet:
             if "record" in rule
         ]
         recorded = {rule.record for rule in every}
-        needed = set(STATE_RECORDS) | engine.names_read((rule.expr for rule in alerts), recorded)
+        needed = set(state_records(thresholds)) | engine.names_read(
+            (rule.expr for rule in alerts), recorded
+        )
         while True:
             more = engine.names_read((r.expr for r in every if r.record in needed), recorded)
             if more <= needed:
@@ -199,6 +208,22 @@ class Alert:
         return "pending" if self.firing_since is None else "firing"
 
 
+@dataclass(frozen=True)
+class Evaluated:
+    """One evaluation, whole: what the state rules recorded and the alerts it left active.
+
+    Readers on other threads (the status page) take it in one read, so a verdict never mixes
+    the states of one evaluation with the alerts of the next.
+    """
+
+    at: float
+    # Recorded name -> series -> value, for the names of :func:`state_records`.
+    recorded: Mapping[str, Mapping[Labels, float]]
+    alerts: tuple[Alert, ...]
+    # When the evaluator saw its first samples: the rules' windows fill from then.
+    since: float
+
+
 @dataclass
 class _RuleState:
     rule: LocalRule
@@ -249,6 +274,9 @@ class Evaluator:
         keep = parsed.families() | frozenset(also_keep)
         self.history = history or History(parsed.horizon(), keep)
         self._recording = parsed.recording
+        self._state_records = frozenset(state_records(thresholds))
+        # The last evaluation, swapped in whole; None before the first.
+        self.evaluated: Evaluated | None = None
         self._recorded: list[set[tuple[str, Labels]]] = [set() for _ in self._recording]
         self._collected: set[tuple[str, Labels]] = set()
         self._states = [_RuleState(rule) for rule in parsed.alerts]
@@ -319,6 +347,7 @@ class Evaluator:
         # The recording rules first, in the files' order, as one evaluation step of Prometheus
         # settles them before the alerts; each sees what the rules before it recorded.
         step = engine.Evaluation(self.history, now)
+        kept: dict[str, dict[Labels, float]] = {name: {} for name in self._state_records}
         for index, rule in enumerate(self._recording):
             result = self._evaluate(rule.record, rule.expr, step)
             if result is None:
@@ -329,6 +358,8 @@ class Evaluator:
                 if not math.isnan(value)
             }
             current = {(rule.record, labels) for labels in samples}
+            if rule.record in kept:
+                kept[rule.record].update(samples)
             self.history.add(
                 (Sample(rule.record, labels, value) for labels, value in samples.items()),
                 now,
@@ -341,6 +372,8 @@ class Evaluator:
             result = self._evaluate(state.rule.name, state.rule.expr, step)
             if result is not None:
                 changed.extend(self._advance(state, result, now))
+        since = self.history.started if self.history.started is not None else now
+        self.evaluated = Evaluated(now, kept, tuple(self.alerts()), since)
         return changed
 
     def _evaluate(self, name: str, expr: promql.Expr, step: engine.Evaluation) -> Vector | None:

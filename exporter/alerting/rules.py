@@ -60,6 +60,21 @@ GPM_RATIOS = (
 COMPUTE_PIPES = ("tensor", "fp16", "fp32", "fp64")
 # The states of gpu:gpu_state:5m, the fleet dashboard's partition of the GPUs.
 STATES = ("idle", "underutilized", "healthy", "saturated", "lost", "unmeasured")
+# The classes of gpu:gpu_bottleneck:class5m, each with the alert whose runbook explains it (and
+# whose severity says whether it needs a person), in the order the rules record them.
+BOTTLENECK_ALERTS: dict[str, str | None] = {
+    "input_starved": "GPUDataLoaderStarved",
+    "underutilized": "GPUUtilizationLow",
+    "memory_bandwidth_bound": "GPUMemoryBandwidthBound",
+    "hung": "GPUJobHung",
+    "compute_bound": "GPUUtilizationHigh",
+    "thermal_throttled": "GPUThermalThrottling",
+    "power_capped": "GPUPowerCapped",
+    "pcie_bound": "GPUPCIeLinkDegraded",
+    "nvlink_bound": None,
+    "imbalanced": "GPULoadImbalance",
+    "none": None,
+}
 
 Rule = dict[str, Any]
 
@@ -410,22 +425,19 @@ def bottleneck_rules(thresholds: Thresholds) -> list[Rule]:
     def unless(bottleneck: str) -> str:
         return f'unless on ({GPU}) {record}{{bottleneck="{bottleneck}"}}'
 
-    # (bottleneck, the alert whose runbook explains it, expression). A later class may exclude an
+    # (bottleneck, expression), in the order of BOTTLENECK_ALERTS. A later class may exclude an
     # earlier one: the rules of a group run in order, at one evaluation time.
-    classes: list[tuple[str, str | None, str]] = [
+    classes: list[tuple[str, str]] = [
         (
             "input_starved",
-            "GPUDataLoaderStarved",
             starved_condition(thresholds, names["avg"], names["idle"]),
         ),
         (
             "underutilized",
-            "GPUUtilizationLow",
             f"{names['avg']} < {_num(low.number('below'))}\n{in_use}\n{unless('input_starved')}",
         ),
         (
             "memory_bandwidth_bound",
-            "GPUMemoryBandwidthBound",
             f"{names['dram_active']} > {_num(bound.number('dram_active_above'))}\n"
             f"and on ({GPU}) {names['pipes']} < {_num(bound.number('compute_pipes_below'))}\n"
             f"{in_use}",
@@ -433,42 +445,35 @@ def bottleneck_rules(thresholds: Thresholds) -> list[Rule]:
         (
             # GPUJobHung's condition itself: kernels resident, no power drawn.
             "hung",
-            "GPUJobHung",
             f"{hung_power(thresholds)}\nand on ({GPU}) (\n{_indented(above_for(thresholds))}\n)",
         ),
         (
             "compute_bound",
-            "GPUUtilizationHigh",
             f"{names['avg']} > {_num(high.number('above'))}\n{in_use}\n"
             f"{unless('memory_bandwidth_bound')}\n{unless('hung')}",
         ),
         (
             "thermal_throttled",
-            "GPUThermalThrottling",
             f'max without (reason) ({names["clock_events"]}{{reason=~"sw_thermal|hw_thermal"}})\n'
             f"> {_num(thermal.number('active_above'))}\n{in_use}",
         ),
         (
             "power_capped",
-            "GPUPowerCapped",
             "max without (reason) ("
             f'{names["clock_events"]}{{reason=~"sw_power_cap|hw_power_brake"}})\n'
             f"> {_num(power.number('active_above'))}\n{in_use}",
         ),
         (
             "pcie_bound",
-            "GPUPCIeLinkDegraded",
             f"max without (direction) ({names['pcie_busy']}) > {link_busy}\n{in_use}",
         ),
         (
             "nvlink_bound",
-            None,
             f"max without (direction) ({names['nvlink_busy']}) > {link_busy}\n{in_use}",
         ),
         (
             # The in-use GPUs of a node that trail its busiest one by more than the spread.
             "imbalanced",
-            "GPULoadImbalance",
             f"max by ({NODE}) ({in_use_avg})\n"
             f"- on ({NODE}) group_right ()\n"
             f"({in_use_avg})\n"
@@ -476,12 +481,13 @@ def bottleneck_rules(thresholds: Thresholds) -> list[Rule]:
         ),
         (
             "none",
-            None,
             f'{in_use_avg}\nunless on ({GPU}) {record}{{bottleneck!="none"}}',
         ),
     ]
+    assert [name for name, _expr in classes] == list(BOTTLENECK_ALERTS)
     rules = []
-    for bottleneck, alert, expr in classes:
+    for bottleneck, expr in classes:
+        alert = BOTTLENECK_ALERTS[bottleneck]
         labels = {"bottleneck": bottleneck}
         if alert is not None:
             labels["runbook_url"] = thresholds.runbook_url(alert)

@@ -1,7 +1,15 @@
-"""Running `gpuload doctor`: sample, diagnose, print; the exit code says what was found.
+"""Running `gpuload doctor`: sample, evaluate the shipped rules, print; the exit code says what.
 
-Exit codes: 0 every GPU healthy (idle, busy or compute-bound), 1 at least one finding,
-2 nothing could be measured (no NVML, Prometheus unreachable, no GPU).
+The doctor judges nothing itself. It feeds what it samples to the local evaluator of the rule
+files rendered from ``alert_rules/thresholds.yaml`` and prints each GPU's recorded state, its
+bottleneck classes and its pending and firing alerts at the end (:mod:`exporter.alerting.states`),
+as `gpuload serve`'s status page and a Prometheus with the same rules show them. The rules' means
+span 5 minutes, so the doctor samples the rules' warm-up by default; on the simulated NVML that
+takes a moment, as it runs on the scenario's clock.
+
+Exit codes: 0 every GPU healthy, 1 at least one GPU needs a person (a pending or firing alert
+above info, a bottleneck class with such an alert, a lost GPU), 2 nothing could be measured (no
+NVML, Prometheus unreachable, no GPU, or no GPU's load measurable yet).
 """
 
 from __future__ import annotations
@@ -9,13 +17,25 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
+from exporter.alerting import states
 from exporter.alerting import thresholds as thresholds_file
-from exporter.doctor.node import Group, Node, merge, summarize
-from exporter.doctor.sampling import SamplingError, sample_local, sample_prometheus
-from exporter.doctor.verdicts import Finding, InstanceReport, diagnose, instance_text
+from exporter.alerting.evaluator import Alert, Evaluator, warm_up_seconds
+from exporter.config import AlertingConfig
+from exporter.doctor import runbooks, xids
+from exporter.doctor.node import Group, Node, summarize
+from exporter.doctor.sampling import (
+    SamplingError,
+    ScenarioClock,
+    identities_of,
+    replay,
+    sample_local,
+    sample_prometheus,
+)
 
 HEALTHY, FINDINGS, UNMEASURED = 0, 1, 2
 # Seconds between progress lines when stderr is not a terminal.
@@ -26,7 +46,8 @@ PROGRESS_EVERY = 5.0
 class Options:
     """What `gpuload doctor` was asked to do."""
 
-    duration: float = 30.0
+    # Seconds to sample; None: the rules' warm-up (their windows whole).
+    duration: float | None = None
     interval: float = 1.0
     simulate: str | None = None
     sim_epoch: float | None = None
@@ -40,25 +61,32 @@ class Progress:
     """Where the sampling is, on stderr, so that stdout holds only the report.
 
     On a terminal one line is rewritten in place after each collection; otherwise (a pipe, a log
-    file, a CI job) a whole line is written at the start, every ``every`` seconds and at the end.
+    file, a CI job) a whole line is written at the start, every ``every`` seconds of wall time
+    (the simulator's minutes pass faster) and at the end.
     """
 
-    def __init__(self, stream: TextIO, every: float = PROGRESS_EVERY) -> None:
+    def __init__(
+        self,
+        stream: TextIO,
+        every: float = PROGRESS_EVERY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._stream = stream
         self._terminal = stream.isatty()
         self._every = every
-        self._next = 0.0
+        self._clock = clock
+        self._next: float | None = None
         self._shown = False
 
     def __call__(self, elapsed: float, total: float, gpus: int) -> None:
         """Show the progress after a collection."""
         line = f"sampling {gpus} GPU{'' if gpus == 1 else 's'}: {int(elapsed)} s of {total:g} s"
+        now = self._clock()
         if self._terminal:
             self._stream.write(f"\r{line}\x1b[K")
-        elif elapsed >= self._next or elapsed >= total:
+        elif self._next is None or now >= self._next or elapsed >= total:
             self._stream.write(line + "\n")
-            while self._next <= elapsed:
-                self._next += self._every
+            self._next = now + self._every
         else:
             return
         self._shown = True
@@ -73,7 +101,7 @@ class Progress:
 
 
 def run(options: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
-    """Sample, diagnose and print; return the exit code."""
+    """Sample, evaluate and print; return the exit code."""
     try:
         thresholds = thresholds_file.load()
     except thresholds_file.ThresholdsError as error:
@@ -82,20 +110,37 @@ def run(options: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
             file=err,
         )
         return UNMEASURED
+    duration = options.duration if options.duration is not None else warm_up_seconds(thresholds)
+    node_name = options.instance or socket.gethostname()
+    evaluator = Evaluator(
+        thresholds,
+        instance=node_name,
+        also_keep=states.FAMILIES,
+        # Evaluated as often as `gpuload serve` evaluates them (and Prometheus, by default).
+        interval=AlertingConfig().evaluation_interval,
+    )
     progress = Progress(err)
     try:
         if options.prometheus:
-            window = sample_prometheus(options.prometheus, options.instance or "", options.duration)
+            series = sample_prometheus(options.prometheus, options.instance or "", duration)
+            replay(evaluator, series)
+            identities = identities_of(series)
             source = f"Prometheus {options.prometheus}, instance {options.instance}"
         else:
+            clock = None
             if options.simulate:
                 from exporter import sim
 
-                sim.install(options.simulate, epoch=options.sim_epoch, seed=options.sim_seed)
+                # The scenario's first `duration` seconds, on its own clock, from its epoch
+                # (by default: so that they end now).
+                epoch = options.sim_epoch
+                clock = ScenarioClock(time.time() - duration if epoch is None else epoch)
+                sim.install(options.simulate, epoch=clock.now, clock=clock, seed=options.sim_seed)
                 source = f"the simulated NVML (scenario {options.simulate})"
             else:
                 source = "NVML"
-            window, _count = sample_local(options.duration, options.interval, progress)
+            sampled = sample_local(evaluator, duration, options.interval, progress, clock)
+            identities = sampled.identities
     except SamplingError as error:
         progress.clear()
         print(f"gpuload doctor: {error}", file=err)
@@ -106,84 +151,145 @@ def run(options: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
 
             sim.uninstall()
     progress.clear()
-    reports = diagnose(window, thresholds)
-    node = summarize(options.instance or socket.gethostname(), reports)
-    measured = [r for r in reports if r.state != "unknown"]
-    code = FINDINGS if any(not r.healthy for r in reports) else HEALTHY
-    if not measured:
-        code = UNMEASURED
+    verdicts = states.read(evaluator.evaluated, thresholds, identities)
+    if verdicts is None:
+        print("gpuload doctor: no samples to evaluate", file=err)
+        return UNMEASURED
+    reported = xids.reported(evaluator.history, thresholds)
+    node = summarize(node_name, list(verdicts.gpus.values()), reported)
+    code = exit_code(verdicts)
     if options.json:
         document = {
             "source": source,
-            "duration_seconds": options.duration,
+            "duration_seconds": duration,
             "exit_code": code,
+            "rules": verdicts.to_json(),
             "node": node.to_json(),
+            "alerts": [_alert_json(alert) for alert in verdicts.node_alerts],
             "groups": [group.to_json() for group in node.groups],
-            "gpus": [report.to_json() for report in reports],
+            "gpus": [
+                {
+                    **verdict.to_json(),
+                    "alerts": [_alert_json(alert) for alert in verdict.alerts],
+                    "xids": [xid.to_json(gpu) for xid in reported.get(gpu, [])],
+                }
+                for gpu, verdict in verdicts.gpus.items()
+            ],
         }
         print(json.dumps(document, indent=2), file=out)
     else:
-        print(text(node, source, options.duration, code), file=out)
+        print(text(node, verdicts, source, duration, code), file=out)
     return code
 
 
-def text(node: Node, source: str, duration: float, code: int) -> str:
+def exit_code(verdicts: states.Verdicts) -> int:
+    """FINDINGS if a GPU needs a person, else UNMEASURED if no GPU's load was judged."""
+    gpus = list(verdicts.gpus.values())
+    if any(not verdict.healthy for verdict in gpus):
+        return FINDINGS
+    if any(states.needs_a_person(alert) for alert in verdicts.node_alerts):
+        return FINDINGS
+    if not gpus or all(verdict.attention == "unknown" for verdict in gpus):
+        return UNMEASURED
+    return HEALTHY
+
+
+def _alert_json(alert: Alert) -> dict[str, object]:
+    """An alert as the status page gives it, with the first steps of its runbook."""
+    return {**states.alert_json(alert), "next_steps": runbooks.steps(alert.name)}
+
+
+def text(node: Node, verdicts: states.Verdicts, source: str, duration: float, code: int) -> str:
     """The report for people: the node's verdict first, then one block per group of GPUs."""
     lines = [node.verdict()]
-    lines.extend(f"  {xid}" for xid in node.xids())
-    lines += [f"sampled {duration:g} s from {source}", ""]
+    for group in node.groups:
+        for gpu, found in group.xids.items():
+            lines.extend(f"  {xid.text(gpu)}" for xid in found)
+    lines.append(f"sampled {_duration(duration)} from {source}")
+    if verdicts.warming_up:
+        lines.append(
+            f"warming up: the rules' means need {_duration(verdicts.warm_up_seconds)} of samples "
+            f"and have {_duration(verdicts.seen_seconds)}; the load of a GPU in use is "
+            f"unmeasured until then (--duration {verdicts.warm_up_seconds:g}s)"
+        )
+    else:
+        lines.append("states and figures: the rules' 5-minute means at the end")
+    for alert in verdicts.node_alerts:
+        lines.append(f"{alert.name} {alert.state}: {alert.annotations.get('summary', '')}")
+    lines.append("")
     for group in node.groups:
         lines += _group(group)
         lines.append("")
     verdict = {
         HEALTHY: "healthy: nothing to do",
         FINDINGS: "findings above: see the next steps",
-        UNMEASURED: "could not measure: see what was not measured above",
+        UNMEASURED: "could not measure: see above",
     }[code]
     lines.append(f"result: {verdict} (exit {code})")
     return "\n".join(lines)
 
 
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    if not minutes:
+        return f"{rest} s"
+    return f"{minutes} min" + (f" {rest} s" if rest else "")
+
+
+def _pct(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{ratio * 100:.0f}%"
+
+
 def _group(group: Group) -> list[str]:
-    first = group.reports[0]
-    count = len(group.reports)
+    first = group.verdicts[0]
+    count = len(group.verdicts)
     model = f"{count} x {first.name}" if count > 1 else f"{first.name}, {first.uuid}"
-    lines = [f"{group.label}: {first.state}  ({model})"]
-    for position, finding in enumerate(first.findings):
-        prefix = "  " if position == 0 else f"  also {finding.state}: "
-        lines.append(f"{prefix}{finding.summary}")
-        lines.extend(f"    - {line}" for line in group.evidence(position))
-        lines += _steps(finding, "    ")
-    lines.extend(f"  not measured: {item.text()}" for item in first.unmeasured)
-    for report in group.reports:
-        lines.extend(
-            f"  {xid.text(report.gpu)}" + (f"; {xid.action}" if xid.action else "")
-            for xid in report.xids
+    busy = group.merged([[f"busy {_pct(v.busy)} (5-min mean)"] for v in group.verdicts])[0]
+    load = f"{first.state}, {busy}"
+    if first.state == "lost":
+        load = f"lost, no readings ({first.attention})"
+    elif not first.healthy:
+        load = f"{first.headline()} ({first.attention}); load {load}"
+    lines = [f"{group.label}: {load}  ({model})"]
+    body: list[str] = []
+    for position, bottleneck in enumerate(first.bottlenecks):
+        if bottleneck.name == "none":
+            continue
+        values = group.merged([[_pct(v.bottlenecks[position].value)] for v in group.verdicts])[0]
+        words = states.BOTTLENECK_WORDS.get(bottleneck.name, bottleneck.name)
+        body.append(f"  bottleneck {words} ({values}: {bottleneck.measure})")
+    advised: set[str] = set()
+    for position, alert in enumerate(first.alerts):
+        if "mig_instance" in alert.labels:
+            continue
+        values = group.merged(
+            [
+                [a.annotations.get("value", f"{a.value:g}")]
+                for a in (v.alerts[position] for v in group.verdicts)
+            ]
+        )[0]
+        body.append(
+            f"  {alert.name} {alert.state} ({alert.labels.get('severity', '')}, value {values}): "
+            f"{alert.annotations.get('summary', '')}"
         )
+        # An alert on several series (XIDs 64 and 95) gets its advice once.
+        if states.needs_a_person(alert) and alert.name not in advised:
+            advised.add(alert.name)
+            body.extend(f"    next: {step}" for step in runbooks.steps(alert.name))
+            if alert.annotations.get("runbook_url"):
+                body.append(f"    runbook: {alert.annotations['runbook_url']}")
+    summary = first.summary()
+    # The summary stands alone only where no line below says it already.
+    if not any(summary in line for line in body):
+        lines.append(f"  {summary}")
+    lines += body
     if first.instances:
         lines.append("  MIG instances:")
     for position, instance in enumerate(first.instances):
-        lines += _instance(group, position, instance)
-    return lines
-
-
-def _instance(group: Group, position: int, instance: InstanceReport) -> list[str]:
-    alike = [instance_text(report.instances[position].figures) for report in group.reports]
-    finding = instance.findings[0]
-    lines = [
-        f"    instance {instance.instance} ({instance.profile}): {instance.state}, {merge(alike)}"
-    ]
-    if not instance.healthy:
-        lines.append(f"      {finding.summary}")
-        lines += _steps(finding, "      ")
-    return lines
-
-
-def _steps(finding: Finding, indent: str) -> list[str]:
-    lines = []
-    if finding.steps:
-        lines.append(f"{indent}next steps:")
-        lines.extend(f"{indent}  * {step}" for step in finding.steps)
-    if finding.runbook and finding.state not in ("idle", "busy"):
-        lines.append(f"{indent}runbook: {finding.runbook}")
+        active = group.merged([[_pct(v.instances[position].sm_active)] for v in group.verdicts])[0]
+        alerts = ", ".join(f"{a.name} {a.state}" for a in instance.alerts) or "no alert"
+        lines.append(
+            f"    instance {instance.instance} ({instance.profile}): "
+            f"SM active {active} (5-min mean); {alerts}"
+        )
     return lines

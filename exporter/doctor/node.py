@@ -1,56 +1,56 @@
-"""The node's verdict: its GPUs counted by state, and alike GPUs grouped into one block.
+"""The node's verdict: its GPUs counted by what they need, and alike GPUs grouped into one block.
 
-GPUs are alike when they are the same model in the same state with the same findings, the same
-unmeasured figures and the same MIG layout and instance states; their evidence may differ only in
-its numbers, which a group shows as ranges ("utilization mean 22-24%"). A critical XID is part of
-a hardware-fault finding; an application's XID (13, 31, 43, ...) does not set a GPU apart from the
-others of its group, whose block lists it with the GPU it happened on.
+GPUs are alike when they are the same model with the same recorded state, bottleneck classes,
+alerts (by name and state) and MIG layout; their figures may differ only in their numbers, which
+a group shows as ranges ("busy 22-24%"). XIDs are listed with the GPU they happened on.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.doctor.verdicts import HEALTHY, ORDER, Finding, Report
+from exporter.alerting.states import LEVELS, Verdict
+from exporter.doctor.xids import Xid
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
 @dataclass
 class Group:
-    """Alike GPUs: the first one's report stands for all, with its evidence as ranges."""
+    """Alike GPUs: the first one's verdict stands for all, with its figures as ranges."""
 
-    reports: list[Report]
+    verdicts: list[Verdict]
+    xids: dict[str, list[Xid]] = field(default_factory=dict)
 
     @property
     def gpus(self) -> list[int]:
         """The GPU indexes in the group."""
-        return [int(report.gpu) for report in self.reports]
+        return [int(verdict.gpu) for verdict in self.verdicts]
 
     @property
     def label(self) -> str:
         """``GPU 3`` or ``GPUs 0-2,4-7``."""
-        if len(self.reports) == 1:
-            return f"GPU {self.reports[0].gpu}"
+        if len(self.verdicts) == 1:
+            return f"GPU {self.verdicts[0].gpu}"
         return f"GPUs {index_ranges(self.gpus)}"
 
-    def evidence(self, position: int) -> list[str]:
-        """The evidence of the group's finding at ``position``, numbers merged into ranges."""
-        lines = [report.findings[position].evidence for report in self.reports]
+    def merged(self, lines: list[list[str]]) -> list[str]:
+        """Per-GPU lines of the same shape as one list, differing numbers as ranges."""
         return [merge([texts[i] for texts in lines]) for i in range(len(lines[0]))]
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready view."""
-        first = self.reports[0]
+        first = self.verdicts[0]
         return {
             "gpus": self.gpus,
             "label": self.label,
             "name": first.name,
             "state": first.state,
+            "attention": first.attention,
             "healthy": first.healthy,
-            "summary": first.findings[0].summary if first.findings else "",
+            "summary": first.summary(),
         }
 
 
@@ -59,78 +59,67 @@ class Node:
     """The verdict on a whole node."""
 
     name: str
-    reports: list[Report]
+    verdicts: list[Verdict]
     groups: list[Group]
 
     @property
-    def states(self) -> dict[str, int]:
-        """How many GPUs are in each state, the most serious first."""
+    def counts(self) -> dict[str, int]:
+        """How many GPUs each headline has, the most urgent first."""
         counts: dict[str, int] = {}
-        for report in sorted(self.reports, key=_severity):
-            counts[report.state] = counts.get(report.state, 0) + 1
+        for verdict in sorted(self.verdicts, key=_severity):
+            word = verdict.headline()
+            counts[word] = counts.get(word, 0) + 1
         return counts
 
     @property
     def healthy(self) -> bool:
-        """Whether every GPU was measured and needs nothing done."""
-        return all(report.state in HEALTHY for report in self.reports)
+        """Whether every GPU needs nothing done."""
+        return all(verdict.attention == "ok" for verdict in self.verdicts)
 
     def verdict(self) -> str:
-        """``node n1: 8 GPUs, 8 input-starved``; ``node n1: 8 GPUs, healthy (8 busy)``."""
-        tally = ", ".join(f"{count} {state}" for state, count in self.states.items())
-        if not self.reports:
+        """``node n1: 8 GPUs, 8 input-starved``; ``node n1: 8 GPUs, healthy (8 saturated)``."""
+        if not self.verdicts:
             return f"node {self.name}: no GPUs"
+        tally = ", ".join(f"{count} {word}" for word, count in self.counts.items())
         if self.healthy:
             tally = f"healthy ({tally})"
-        return f"node {self.name}: {len(self.reports)} GPUs, {tally}"
-
-    def xids(self) -> list[str]:
-        """Every XID of the node, one line each, the most serious first."""
-        found = [(xid, report.gpu) for report in self.reports for xid in report.xids]
-        found.sort(key=lambda item: (not item[0].critical, int(item[1]), item[0].code))
-        return [xid.text(gpu) for xid, gpu in found]
+        gpus = len(self.verdicts)
+        return f"node {self.name}: {gpus} GPU{'' if gpus == 1 else 's'}, {tally}"
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready view."""
         return {
             "name": self.name,
-            "gpus": len(self.reports),
-            "states": self.states,
+            "gpus": len(self.verdicts),
+            "counts": self.counts,
             "healthy": self.healthy,
             "verdict": self.verdict(),
-            "xids": [xid.to_json(report.gpu) for report in self.reports for xid in report.xids],
         }
 
 
-def summarize(name: str, reports: list[Report]) -> Node:
-    """Group alike GPUs (in the order of their first GPU) and count the states."""
+def summarize(name: str, verdicts: list[Verdict], xids: dict[str, list[Xid]]) -> Node:
+    """Group alike GPUs (the most urgent first, then by first GPU)."""
     groups: dict[tuple[Any, ...], Group] = {}
-    for report in reports:
-        groups.setdefault(_likeness(report), Group([])).reports.append(report)
-    ordered = sorted(groups.values(), key=lambda group: (_severity(group.reports[0]), group.gpus))
-    return Node(name, reports, ordered)
+    for verdict in verdicts:
+        group = groups.setdefault(_likeness(verdict), Group([]))
+        group.verdicts.append(verdict)
+        group.xids[verdict.gpu] = xids.get(verdict.gpu, [])
+    ordered = sorted(groups.values(), key=lambda g: (_severity(g.verdicts[0]), g.gpus))
+    return Node(name, verdicts, ordered)
 
 
-def _severity(report: Report) -> int:
-    return ORDER.index(report.state) if report.state in ORDER else len(ORDER)
+def _severity(verdict: Verdict) -> int:
+    return LEVELS.index(verdict.attention)
 
 
-def _finding_likeness(finding: Finding) -> tuple[Any, ...]:
-    templates = tuple(_NUMBER.sub("#", line) for line in finding.evidence)
-    return (finding.state, finding.summary, templates, tuple(finding.steps))
-
-
-def _likeness(report: Report) -> tuple[Any, ...]:
+def _likeness(verdict: Verdict) -> tuple[Any, ...]:
     return (
-        report.name,
-        report.state,
-        tuple(_finding_likeness(finding) for finding in report.findings),
-        tuple(report.unmeasured),
-        report.mig_mode,
-        tuple(
-            (i.instance, i.profile, tuple(_finding_likeness(f) for f in i.findings))
-            for i in report.instances
-        ),
+        verdict.name,
+        verdict.state,
+        verdict.attention,
+        tuple(b.name for b in verdict.bottlenecks),
+        tuple((a.name, a.state, a.labels.get("mig_instance")) for a in verdict.alerts),
+        tuple((i.instance, i.profile, i.sm_active is None) for i in verdict.instances),
     )
 
 

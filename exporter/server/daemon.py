@@ -79,9 +79,8 @@ def _collector_options(
 def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
     port = int(external_url.rstrip("/").rsplit(":", 1)[1])
     # Imported here: the thresholds file is read only by a daemon that evaluates them.
-    from exporter.alerting import thresholds
+    from exporter.alerting import states, thresholds
     from exporter.alerting.local import instance_label
-    from exporter.doctor import verdicts
 
     settings = config.alerting
     path = settings.thresholds_file or thresholds.DEFAULT_PATH
@@ -110,7 +109,7 @@ def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
         job=settings.job,
         notifier=notifier,
         # The status page's verdicts read the same history.
-        also_keep=verdicts.FAMILIES,
+        also_keep=states.FAMILIES,
         evaluation_interval=settings.evaluation_interval,
         repeat_interval=settings.repeat_interval,
     )

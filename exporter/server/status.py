@@ -2,12 +2,21 @@
 
 The page an on-call engineer keeps open on a node: its host name (and a SIMULATED banner when the
 NVML is the simulator) in the header and the tab's title, a summary of the node (GPUs, lost ones,
-alerts firing), then one card per GPU, the worst first. A card shows utilization, memory, memory
-bandwidth, temperature, power and SM clock as bars, each coloured against its own threshold
-(memory nearly full, the slowdown temperature, the power limit, clocks held down by a throttle
-reason) and marked with a symbol as well, never colour alone; the active clock event reasons, the
-last XID, the doctor's verdict over the last 30 seconds with its runbook, the local alerts on the
-GPU with their runbooks and since when, and a MIG GPU's instances with their own bars.
+alerts firing), then one card per GPU, the worst first.
+
+A card's verdict is the GPU's state as the shipped rules recorded it at the local evaluator's
+last evaluation (:mod:`exporter.alerting.states`): its state, the 5-minute mean of how busy it
+was that the state was judged on, its bottleneck classes with their 5-minute means and runbooks,
+and the alerts pending or firing on the GPU and its MIG instances, all from that one evaluation.
+The page judges nothing itself: a card's colour is the verdict's attention (a lost GPU is a
+fault, a stale one at least a warning). Until the rules' windows are whole after a start, the
+header and every verdict say they are warming up.
+
+Below the verdict, bars show what the GPU reads now (utilization, memory, memory bandwidth,
+temperature, power, SM clock; a MIG GPU's instances their memory and SM activity), each labelled
+"now"; memory and temperature are coloured against the thresholds their alerts use, the clock
+when a throttle reason holds it down, and marked with a symbol as well, never colour alone. The
+active clock event reasons and the last XID come as chips.
 
 The page is complete as the server renders it: without JavaScript a meta refresh reloads it. A
 small inline script instead fetches the page itself every collection interval and swaps in the
@@ -26,19 +35,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from exporter import __version__
+from exporter.alerting import states
 from exporter.alerting.evaluator import Alert
 from exporter.alerting.history import Sample, snapshot_samples
 from exporter.alerting.local import LocalAlerting
 from exporter.alerting.thresholds import Thresholds
-from exporter.collection import Snapshot
-from exporter.doctor.sampling import window_of
-from exporter.doctor.verdicts import Report, diagnose, unidentified
+from exporter.collection import GpuStatus, Snapshot
 
 StartResponse = Callable[..., Any]
-# The doctor's window on the status page.
-VERDICT_SECONDS = 30.0
-# A GPU drawing this much of its power limit is at its cap.
-POWER_AT_LIMIT = 0.98
 # Clock event reasons that hold the clocks down; the others (idle, application clocks, sync
 # boost, display) are the GPU doing as told.
 THROTTLE_REASONS = {
@@ -54,26 +58,6 @@ OTHER_REASONS = {
     "sync_boost": "sync boost",
     "display_clocks": "display clocks",
 }
-# The doctor's states as the page names them. A healthy state gets the page's own words: the
-# doctor's summary ("busy computing: healthy") reads oddly after a label.
-STATE_LABELS = {
-    "hardware-fault": "Hardware fault",
-    "throttled-thermal": "Thermal throttling",
-    "throttled-power": "Power throttling",
-    "pcie-bound": "PCIe-bound",
-    "memory-bandwidth-bound": "Memory-bandwidth-bound",
-    "input-starved": "Input-starved",
-    "imbalanced": "Imbalanced",
-    "compute-bound": "Compute-bound",
-    "busy": "Busy",
-    "idle": "Idle",
-    "unknown": "Unknown",
-}
-HEALTHY_WORDS = {
-    "compute-bound": "healthy, busy computing",
-    "busy": "healthy, nothing holds it back",
-    "idle": "nothing running on it",
-}
 # Severity -> (rank for sorting, symbol, word): the symbol and word are the cue besides colour.
 SEVERITIES = {
     "fault": (0, "\u2716", "FAULT"),
@@ -82,6 +66,8 @@ SEVERITIES = {
     "ok": (3, "\u2714", "OK"),
 }
 LEVEL_SYMBOLS = {"crit": " \u2716", "warn": " \u25b2", "ok": ""}
+# What every bar shows: the last reading, unlike the verdict's means.
+NOW = "(now)"
 GIB = 2**30
 
 
@@ -98,10 +84,24 @@ def _bar(
     level: str = "ok",
     note: str = "",
     mark: float | None = None,
+    *,
+    missing: str = "n/a",
 ) -> dict[str, Any]:
-    """One bar: ``level`` (ok, warn, crit) against its threshold, ``mark`` where that lies."""
+    """One bar of a reading now.
+
+    ``level`` (ok, warn, crit) is against its threshold, ``mark`` where that lies; ``missing``
+    says why there is no reading.
+    """
+    name = f"{name} {NOW}"
     if ratio is None:
-        return {"name": name, "ratio": None, "text": "n/a", "level": "ok", "note": "", "mark": None}
+        return {
+            "name": name,
+            "ratio": None,
+            "text": missing,
+            "level": "ok",
+            "note": "",
+            "mark": None,
+        }
     return {"name": name, "ratio": ratio, "text": text, "level": level, "note": note, "mark": mark}
 
 
@@ -137,34 +137,102 @@ def _mig(samples: list[Sample], name: str) -> dict[tuple[str, str, str], float]:
     }
 
 
-def _alert_json(alert: Alert) -> dict[str, Any]:
+def _mean_words(window: str) -> str:
+    """How a mean over the rules' window is labelled: ``5m`` -> ``5-min mean``."""
+    return f"{states.window_words(window)} mean"
+
+
+def _span(seconds: float) -> str:
+    """A duration in words: ``6 min``, ``30 s``, ``1 min 30 s``."""
+    minutes, rest = divmod(max(0, int(seconds)), 60)
+    if not minutes:
+        return f"{rest} s"
+    return f"{minutes} min" + (f" {rest} s" if rest else "")
+
+
+def warm_up_words(rules: dict[str, Any]) -> str:
+    """What a warming-up verdict waits for, from the document's ``rules``."""
+    mean = _mean_words(rules["window"])
+    need, seen = _span(rules["warm_up_seconds"]), _span(rules["seen_seconds"])
+    return f"{mean}s need {need} of samples, {seen} so far"
+
+
+def _percent(ratio: float) -> str:
+    return f"{ratio * 100:.0f}%"
+
+
+def _alert_name(alert: Alert) -> str:
+    """An alert's name, with the MIG instance it is on."""
+    instance = alert.labels.get("mig_instance")
+    return alert.name if instance is None else f"{alert.name} (MIG {instance})"
+
+
+def _verdict(verdict: states.Verdict, rules: dict[str, Any]) -> dict[str, Any]:
+    """A GPU's recorded verdict in the page's words, with the figures it was judged on."""
+    mean = f"({_mean_words(rules['window'])})"
+    busy_text = "busy: no mean recorded"
+    if verdict.busy is not None:
+        busy_text = f"busy {_percent(verdict.busy)} {mean}"
+    findings = [b for b in verdict.bottlenecks if b.finding]
+    urgent = [a for a in verdict.alerts if states.needs_a_person(a)]
+    runbook = urgent[0].annotations.get("runbook_url", "") if urgent else ""
+    if not runbook and findings:
+        runbook = findings[0].runbook_url
+    evidence = [busy_text] if verdict.busy is not None else []
+    evidence += [f"{b.name} {_percent(b.value)} ({b.measure})" for b in findings]
+    evidence += [
+        f"{_alert_name(a)}: {a.annotations['value']}"
+        for a in verdict.alerts
+        if a.annotations.get("value")
+    ]
+    # The first finding where there is one ("Hung", "GPUXidError"), else the state.
+    headline = verdict.headline()
+    label = headline[:1].upper() + headline[1:]
+    summary = verdict.summary()
+    # A lost GPU is lost now; every other state is judged on means that do not cover their
+    # window yet.
+    if rules["warming_up"] and verdict.state != "lost":
+        label = "Warming up"
+        waiting = warm_up_words(rules)
+        summary = f"{summary} ({waiting})" if not verdict.healthy else waiting
     return {
-        "alertname": alert.name,
-        "severity": alert.labels.get("severity", ""),
-        "state": alert.state,
-        "summary": alert.annotations.get("summary", ""),
-        "description": alert.annotations.get("description", ""),
-        "runbook_url": alert.annotations.get("runbook_url", ""),
-        "since": alert.firing_since if alert.firing_since is not None else alert.active_since,
+        "state": verdict.state,
+        "label": label,
+        "summary": summary,
+        "busy_5m": verdict.busy,
+        "busy_text": busy_text,
+        "bottlenecks": [b.to_json() for b in verdict.bottlenecks],
+        "attention": verdict.attention,
+        "healthy": verdict.healthy,
+        "runbook_url": runbook,
+        "evidence": evidence,
+    }
+
+
+def _no_verdict(why: str) -> dict[str, Any]:
+    """The verdict of a GPU when no rules were evaluated: local alerting off, or not yet."""
+    return {
+        "state": "unknown",
+        "label": "Unknown",
+        "summary": why,
+        "busy_5m": None,
+        "busy_text": "",
+        "bottlenecks": [],
+        "attention": "unknown",
+        "healthy": True,
+        "runbook_url": "",
+        "evidence": [],
     }
 
 
 def _severity(gpu: dict[str, Any]) -> str:
-    """How much a GPU needs a person: fault, warning, unknown or ok."""
-    verdict = gpu["verdict"]
-    alerts = gpu["alerts"]
-    if gpu["state"] == "lost" or verdict["state"] == "hardware-fault":
+    """How much a GPU needs a person: the verdict's attention, or a lost or stale GPU's."""
+    if gpu["state"] == "lost":
         return "fault"
-    if any(a["state"] == "firing" and a["severity"] == "critical" for a in alerts):
-        return "fault"
-    bars = [*gpu["bars"], *(b for m in gpu["mig"] for b in m["bars"])]
-    if gpu["state"] == "stale" or not verdict["healthy"] or alerts:
+    attention: str = gpu["verdict"]["attention"]
+    if gpu["state"] == "stale" and attention in ("unknown", "ok"):
         return "warning"
-    if any(b["level"] != "ok" for b in bars):
-        return "warning"
-    if verdict["state"] == "unknown" and not gpu["mig"]:
-        return "unknown"
-    return "ok"
+    return attention
 
 
 def _summary(document: dict[str, Any]) -> dict[str, int]:
@@ -202,7 +270,6 @@ class StatusPage:
         # The scenario of the simulated NVML this node reads (a SIMULATED banner), or None.
         self._scenario = scenario
         self._lock = threading.Lock()
-        self._verdicts: tuple[float, dict[str, Report]] = (0.0, {})
         # Counters of seconds (DRAM bandwidth, a MIG instance's SM activity: their
         # last-interval ratios are not in the default profile): their rate between the two last
         # snapshots this page saw, per series.
@@ -227,18 +294,13 @@ class StatusPage:
     def _thresholds(self) -> Thresholds | None:
         return None if self._alerting is None else self._alerting.evaluator.thresholds
 
-    def _reports(self, snapshot: Snapshot) -> dict[str, Report]:
+    def _verdicts(self, snapshot: Snapshot) -> states.Verdicts | None:
+        """The verdicts of the last evaluation, read once: its states and alerts belong together."""
         if self._alerting is None:
-            return {}
-        # The doctor runs at most once per collection, however many browsers poll.
-        with self._lock:
-            at, reports = self._verdicts
-            if at != snapshot.completed_at:
-                window = window_of(self._alerting.history, VERDICT_SECONDS)
-                found = diagnose(window, self._alerting.evaluator.thresholds)
-                reports = {report.gpu: report for report in found}
-                self._verdicts = (snapshot.completed_at, reports)
-            return reports
+            return None
+        evaluator = self._alerting.evaluator
+        identities = {str(gpu.index): (gpu.name, gpu.uuid) for gpu in snapshot.gpus}
+        return states.read(evaluator.evaluated, evaluator.thresholds, identities)
 
     def status(self) -> dict[str, Any]:
         """The JSON document of `/api/v1/status`."""
@@ -250,6 +312,7 @@ class StatusPage:
             "refresh_seconds": self._refresh,
             "nvml": "starting",
             "updated_at": None,
+            "rules": None,
             "gpus": [],
             "alerts": [],
         }
@@ -258,37 +321,46 @@ class StatusPage:
             return document
         document["nvml"] = "up" if snapshot.nvml_up else "down"
         document["updated_at"] = snapshot.completed_at
-        current = self._alerting.alerts() if self._alerting is not None else []
-        alerts = sorted(current, key=lambda a: (a.state != "firing", a.name))
-        document["alerts"] = [_alert_json(a) for a in alerts if "gpu" not in a.labels]
-        reports = self._reports(snapshot)
-        history = list(snapshot_samples(snapshot))
+        verdicts = self._verdicts(snapshot)
+        thresholds = self._thresholds()
+        if verdicts is not None and thresholds is not None:
+            document["rules"] = {**verdicts.to_json(), "window": thresholds.window}
+            document["alerts"] = [states.alert_json(a) for a in verdicts.node_alerts]
+        samples = list(snapshot_samples(snapshot))
         now = snapshot.completed_at
         values = {
-            "util": _by_gpu(history, "gpu_utilization_ratio"),
-            "used": _by_gpu(history, "gpu_memory_used_bytes"),
-            "total": _by_gpu(history, "gpu_memory_total_bytes"),
-            "dram": self._counter_rates(now, _by_gpu(history, "gpu_dram_active_seconds_total")),
-            "memutil": _by_gpu(history, "gpu_memory_utilization_ratio"),
-            "temp": _by_gpu(history, "gpu_temperature_celsius", sensor="gpu"),
-            "shutdown": _by_gpu(history, "gpu_temperature_shutdown_threshold_celsius"),
-            "slowdown": _by_gpu(history, "gpu_temperature_slowdown_threshold_celsius"),
-            "power": _by_gpu(history, "gpu_power_usage_watts"),
-            "limit": _by_gpu(history, "gpu_power_limit_watts"),
-            "sm_clock": _by_gpu(history, "gpu_clock_hertz", clock="sm"),
-            "sm_max": _by_gpu(history, "gpu_clock_max_hertz", clock="sm"),
-            "mig_mode": _by_gpu(history, "gpu_mig_mode_enabled"),
-            "last_xid": _by_gpu(history, "gpu_last_xid_code"),
+            "util": _by_gpu(samples, "gpu_utilization_ratio"),
+            "used": _by_gpu(samples, "gpu_memory_used_bytes"),
+            "total": _by_gpu(samples, "gpu_memory_total_bytes"),
+            "dram": self._counter_rates(now, _by_gpu(samples, "gpu_dram_active_seconds_total")),
+            "memutil": _by_gpu(samples, "gpu_memory_utilization_ratio"),
+            "temp": _by_gpu(samples, "gpu_temperature_celsius", sensor="gpu"),
+            "shutdown": _by_gpu(samples, "gpu_temperature_shutdown_threshold_celsius"),
+            "slowdown": _by_gpu(samples, "gpu_temperature_slowdown_threshold_celsius"),
+            "power": _by_gpu(samples, "gpu_power_usage_watts"),
+            "limit": _by_gpu(samples, "gpu_power_limit_watts"),
+            "sm_clock": _by_gpu(samples, "gpu_clock_hertz", clock="sm"),
+            "sm_max": _by_gpu(samples, "gpu_clock_max_hertz", clock="sm"),
+            "mig_mode": _by_gpu(samples, "gpu_mig_mode_enabled"),
+            "last_xid": _by_gpu(samples, "gpu_last_xid_code"),
         }
         labelled = {
-            "events": _by_label(history, "gpu_clock_event_active", "reason"),
-            "xids": _by_label(history, "gpu_xid_errors_total", "xid"),
+            "events": _by_label(samples, "gpu_clock_event_active", "reason"),
+            "xids": _by_label(samples, "gpu_xid_errors_total", "xid"),
         }
-        mig = self._mig_instances(now, history)
+        mig = self._mig_instances(now, samples)
         for gpu in snapshot.gpus:
             key = str(gpu.index)
-            card = self._gpu(gpu, values, labelled, reports.get(key), alerts)
-            card["mig"] = mig.get(key, [])
+            card = self._gpu(gpu, values, labelled)
+            verdict = verdicts.gpus.get(key) if verdicts is not None else None
+            if verdict is not None:
+                card["verdict"] = _verdict(verdict, document["rules"])
+                card["alerts"] = [states.alert_json(a) for a in verdict.alerts]
+            else:
+                why = "local alerting is off" if self._alerting is None else "no evaluation yet"
+                card["verdict"] = _no_verdict(why)
+                card["alerts"] = []
+            card["mig"] = _with_means(mig.get(key, []), verdict, document["rules"])
             card["severity"] = _severity(card)
             document["gpus"].append(card)
         document["summary"] = _summary(document)
@@ -304,11 +376,11 @@ class StatusPage:
                     self._counters[key] = (now, total)
             return {key: self._rates[key] for key in seconds if key in self._rates}
 
-    def _mig_instances(self, now: float, history: list[Sample]) -> dict[str, list[dict[str, Any]]]:
+    def _mig_instances(self, now: float, samples: list[Sample]) -> dict[str, list[dict[str, Any]]]:
         """GPU -> its MIG GPU instances, each with memory and SM activity bars."""
-        used = _mig(history, "gpu_mig_memory_used_bytes")
-        total = _mig(history, "gpu_mig_memory_total_bytes")
-        active = _mig(history, "gpu_mig_sm_active_seconds_total")
+        used = _mig(samples, "gpu_mig_memory_used_bytes")
+        total = _mig(samples, "gpu_mig_memory_total_bytes")
+        active = _mig(samples, "gpu_mig_sm_active_seconds_total")
         sm = self._counter_rates(now, {"mig/" + "/".join(key): v for key, v in active.items()})
         memory_full = self._memory_full()
         found: dict[str, list[dict[str, Any]]] = {}
@@ -326,9 +398,22 @@ class StatusPage:
                 memory_full,
             )
             activity = sm.get("mig/" + "/".join(key))
-            busy = _bar("SM active", activity, f"{(activity or 0) * 100:.0f}%")
+            # GPM (H100 and newer) counts each instance's SM activity, older GPUs nothing; the
+            # rate needs two readings of the counter.
+            gpm = key in active
+            busy = _bar(
+                "SM active",
+                activity,
+                f"{(activity or 0) * 100:.0f}%",
+                missing="needs a second reading" if gpm else "n/a (no GPM)",
+            )
             found.setdefault(gpu, []).append(
-                {"instance": int(instance), "profile": profile, "bars": [memory, busy]}
+                {
+                    "instance": int(instance),
+                    "profile": profile,
+                    "gpm": gpm,
+                    "bars": [memory, busy],
+                }
             )
         return found
 
@@ -341,12 +426,11 @@ class StatusPage:
 
     def _gpu(
         self,
-        gpu: Any,
+        gpu: GpuStatus,
         values: dict[str, dict[str, float]],
         labelled: dict[str, dict[str, dict[str, float]]],
-        report: Report | None,
-        alerts: list[Alert],
     ) -> dict[str, Any]:
+        """A GPU's card without its verdict: identity, readings now, clock events, XIDs."""
         key = str(gpu.index)
 
         def get(what: str) -> float | None:
@@ -363,6 +447,7 @@ class StatusPage:
         memory_full = self._memory_full()
         full = memory_ratio is not None and memory_full is not None and memory_ratio > memory_full
         memory_level = "warn" if full else "ok"
+        power, limit = get("power"), get("limit")
         bars = [
             _bar("Utilization", get("util"), f"{(get('util') or 0) * 100:.0f}%"),
             _bar(
@@ -375,15 +460,15 @@ class StatusPage:
             ),
             _bar(bandwidth_name, bandwidth, f"{(bandwidth or 0) * 100:.0f}%"),
             self._temperature(get("temp"), get("slowdown"), get("shutdown")),
-            self._power(get("power"), get("limit")),
+            _bar("Power", _ratio(power, limit), f"{power or 0:.0f} / {limit or 0:.0f} W"),
             _clock_bar(get("sm_clock"), get("sm_max"), throttles),
         ]
         xids = labelled["xids"].get(key, {})
         return {
             "index": gpu.index,
             # A GPU lost before it was read has neither: the page says so rather than nothing.
-            "name": gpu.name or unidentified("name", not gpu.up),
-            "uuid": gpu.uuid or unidentified("UUID", not gpu.up),
+            "name": gpu.name or states.unidentified("name", not gpu.up),
+            "uuid": gpu.uuid or states.unidentified("UUID", not gpu.up),
             "state": "stale" if gpu.stale else "up" if gpu.up else "lost",
             "bars": bars,
             "clock_events": [
@@ -396,8 +481,6 @@ class StatusPage:
             "xids": {code: int(count) for code, count in sorted(xids.items()) if count},
             "critical_xids": sorted(set(xids) & self._critical_xids()),
             "mig_mode": bool(get("mig_mode")),
-            "verdict": _verdict(report, bool(get("mig_mode")), gpu.up),
-            "alerts": [_alert_json(a) for a in alerts if a.labels.get("gpu") == key],
         }
 
     def _critical_xids(self) -> set[str]:
@@ -428,13 +511,6 @@ class StatusPage:
         mark = _ratio(slowdown, ceiling) if slowdown is not None else None
         return _bar("Temperature", _ratio(temp, ceiling), text, level, note, mark)
 
-    def _power(self, power: float | None, limit: float | None) -> dict[str, Any]:
-        ratio = _ratio(power, limit)
-        text = f"{power or 0:.0f} / {limit or 0:.0f} W"
-        if ratio is not None and ratio >= POWER_AT_LIMIT:
-            return _bar("Power", ratio, text, "warn", "at the power limit", POWER_AT_LIMIT)
-        return _bar("Power", ratio, text)
-
 
 def _clock_bar(clock: float | None, maximum: float | None, throttles: list[str]) -> dict[str, Any]:
     """SM clock / its maximum; held down when a throttle reason is active."""
@@ -446,41 +522,24 @@ def _clock_bar(clock: float | None, maximum: float | None, throttles: list[str])
     return _bar("SM clock", ratio, text, "warn", note)
 
 
-def _verdict(report: Report | None, mig_mode: bool, up: bool) -> dict[str, Any]:
-    """The doctor's verdict in the page's words; a runbook only where something is wrong."""
-    if report is None or report.state == "unknown":
-        state = "unknown" if report is None else report.state
-        summary = "not enough samples yet"
-        if mig_mode and up:
-            # NVML reports no whole-GPU utilization in MIG mode: the doctor cannot judge it.
-            summary = "NVML reports no whole-GPU utilization; see its instances"
-        return {
-            "state": state,
-            "label": "MIG mode" if mig_mode and up else STATE_LABELS["unknown"],
-            "summary": summary,
-            "healthy": True,
-            "runbook_url": "",
-            "evidence": [],
-            "also": [],
-        }
-    finding = report.findings[0] if report.findings else None
-    healthy = report.healthy
-    summary = HEALTHY_WORDS.get(report.state, "") if healthy else ""
-    if not summary and finding is not None:
-        summary = finding.summary
-    return {
-        "state": report.state,
-        "label": STATE_LABELS.get(report.state, report.state),
-        "summary": summary,
-        "healthy": healthy,
-        "runbook_url": "" if healthy or finding is None else finding.runbook,
-        "evidence": [] if healthy or finding is None else list(finding.evidence),
-        "also": [
-            STATE_LABELS.get(f.state, f.state)
-            for f in report.findings[1:]
-            if f.state != report.state and f.state not in ("compute-bound", "busy", "idle")
-        ],
-    }
+def _with_means(
+    instances: list[dict[str, Any]], verdict: states.Verdict | None, rules: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    """A GPU's MIG instances, each with its SM activity's recorded mean and what it says."""
+    means = {int(i.instance): i.sm_active for i in verdict.instances} if verdict else {}
+    found = []
+    for instance in instances:
+        mean = means.get(instance["instance"])
+        if not instance["gpm"]:
+            text = "SM activity n/a (no GPM)"
+        elif mean is not None and rules is not None:
+            text = f"SM active {_percent(mean)} ({_mean_words(rules['window'])})"
+        elif rules is not None and rules["warming_up"]:
+            text = "SM activity warming up"
+        else:
+            text = "SM activity: no mean recorded"
+        found.append({**instance, "sm_active_5m": mean, "sm_active_text": text})
+    return found
 
 
 _STYLE = """
@@ -509,8 +568,10 @@ box-shadow:0 1px 3px rgba(0,0,0,.12)}
 .sev-warning .badge{background:#c05621}.sev-fault .badge{background:#c53030}
 .sev-unknown .badge{background:#718096}
 .uuid{font-family:monospace;font-size:.75em;color:#718096;margin:.2em 0 .4em}
-.verdict{margin:.3em 0}.evidence{margin:.1em 0 .4em;padding-left:1.2em;font-size:.85em}
-.bar{display:grid;grid-template-columns:9.2em 1fr 9em;align-items:center;gap:.5em;
+.verdict{margin:.3em 0}.warming{margin:.3em 0;color:#975a16;font-weight:600}
+.mean{margin:0 0 .2em 11.8em;font-size:.8em;color:#4a5568}
+.evidence{margin:.1em 0 .4em;padding-left:1.2em;font-size:.85em}
+.bar{display:grid;grid-template-columns:10.6em 1fr 9em;align-items:center;gap:.5em;
 font-size:.85em;margin:.3em 0}
 .track{position:relative;background:#e2e8f0;border-radius:3px;height:.9em}
 .fill{background:#3182ce;height:100%;border-radius:3px}
@@ -637,11 +698,12 @@ def _mig_html(gpu: dict[str, Any]) -> str:
     if not gpu["mig"]:
         return ""
     # Without GPM (A100 and older) no instance has SM activity: said once, not per instance.
-    gpm = any(m["bars"][1]["ratio"] is not None for m in gpu["mig"])
+    gpm = any(m["gpm"] for m in gpu["mig"])
     rows = "".join(
         f'<div class="instance" data-mig-instance="{m["instance"]}">'
-        + _bar_html({**m["bars"][0], "name": f"{m['profile']} #{m['instance']}"})
-        + (_bar_html({**m["bars"][1], "name": "SM active"}) if gpm else "")
+        + _bar_html({**m["bars"][0], "name": f"{m['profile']} #{m['instance']} {NOW}"})
+        + (_bar_html(m["bars"][1]) if m["gpm"] else "")
+        + (f'<p class="mean">{_e(m["sm_active_text"])}</p>' if m["gpm"] else "")
         + "</div>"
         for m in gpu["mig"]
     )
@@ -652,12 +714,30 @@ def _mig_html(gpu: dict[str, Any]) -> str:
     )
 
 
-def _card(gpu: dict[str, Any], now: float) -> str:
+def _bottleneck_chip(bottleneck: dict[str, Any], mean: str) -> str:
+    """One bottleneck class with the mean it was judged on; a finding with its runbook."""
+    cls = "chip warn" if bottleneck["finding"] else "chip"
+    symbol = "\u25b2 " if bottleneck["finding"] else ""
+    text = f"{bottleneck['text']}: {bottleneck['value'] * 100:.0f}% ({mean})"
+    runbook = _runbook(bottleneck["runbook_url"]) if bottleneck["finding"] else ""
+    return (
+        f'<span class="{cls}" data-bottleneck="{_e(bottleneck["bottleneck"])}">{symbol}'
+        f"{_e(text)}{runbook}</span>"
+    )
+
+
+def _card(gpu: dict[str, Any], now: float, rules: dict[str, Any] | None) -> str:
     verdict = gpu["verdict"]
     severity = gpu["severity"]
     _rank, symbol, word = SEVERITIES[severity]
     evidence = "".join(f"<li>{_e(line)}</li>" for line in verdict["evidence"])
-    also = f" (also: {_e(', '.join(verdict['also']))})" if verdict["also"] else ""
+    # "none" is valued at the GPU's mean utilization, which the evidence already gives.
+    shown = [b for b in verdict["bottlenecks"] if b["bottleneck"] != "none"]
+    bottlenecks = ""
+    if shown and rules is not None:
+        mean = _mean_words(rules["window"])
+        chips = "".join(_bottleneck_chip(b, mean) for b in shown)
+        bottlenecks = f'<p class="chips" data-bottlenecks>Bottlenecks: {chips}</p>'
     if gpu["state"] == "lost":
         bars = '<p class="lost">\u2716 lost: NVML answers GPU_IS_LOST, no readings</p>'
     else:
@@ -671,8 +751,9 @@ def _card(gpu: dict[str, Any], now: float) -> str:
         f"<small>{_e(gpu['name'])}</small></h2>"
         f'<p class="uuid">{_e(gpu["uuid"])} &middot; {_e(gpu["state"])}</p>'
         f'<p class="verdict"><strong>{_e(verdict["label"])}</strong>: {_e(verdict["summary"])}'
-        f"{also}{_runbook(verdict['runbook_url'])}</p>"
+        f"{_runbook(verdict['runbook_url'])}</p>"
         + (f'<ul class="evidence">{evidence}</ul>' if evidence else "")
+        + bottlenecks
         + bars
         + _chips(gpu)
         + _mig_html(gpu)
@@ -730,7 +811,7 @@ def page(status: dict[str, Any], telemetry_path: str, now: float | None = None) 
     if now is None:
         now = status["updated_at"] or 0.0
     ordered = sorted(status["gpus"], key=lambda g: (SEVERITIES[g["severity"]][0], g["index"]))
-    cards = "".join(_card(gpu, now) for gpu in ordered)
+    cards = "".join(_card(gpu, now, status["rules"]) for gpu in ordered)
     if not cards:
         cards = "<p>no GPUs</p>"
         if status["updated_at"] is None:
@@ -745,6 +826,12 @@ def page(status: dict[str, Any], telemetry_path: str, now: float | None = None) 
         simulated = (
             f'<p class="sim" id="simulated">\u25a0 SIMULATED &middot; scenario '
             f"{_e(status['simulated'])}: these GPUs are not real</p>"
+        )
+    warming = ""
+    if status["rules"] is not None and status["rules"]["warming_up"]:
+        warming = (
+            '<p class="warming" id="warming-up">\u25cc Warming up: the rules\' '
+            f"{_e(warm_up_words(status['rules']))}; until then every verdict is provisional</p>"
         )
     nvml_down = ""
     if status["nvml"] == "down":
@@ -761,7 +848,7 @@ def page(status: dict[str, Any], telemetry_path: str, now: float | None = None) 
 <header>{simulated}
 <h1><span id="hostname">{_e(status["hostname"])}</span>
 <small>gpuload {_e(status["version"])}</small></h1>
-{_summary_html(status)}{nvml_down}
+{_summary_html(status)}{nvml_down}{warming}
 <p class="meta">NVML: <span id="nvml">{_e(status["nvml"])}</span> &middot; updated
 <span id="updated">{_updated(status, now)}</span> &middot; <a href="{path}">Metrics</a>
 &middot; <a href="/healthz">Health</a> &middot; <a href="/readyz">Readiness</a> &middot;

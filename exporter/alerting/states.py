@@ -1,0 +1,379 @@
+"""Each GPU's verdict as the rules recorded it: what the doctor prints and the status page shows.
+
+Nothing here judges a GPU. A verdict is read from one evaluation of the local evaluator
+(:class:`~exporter.alerting.evaluator.Evaluated`), the same series Prometheus records from the
+same rule files:
+
+- its state, ``gpu:gpu_state:5m`` (one of :data:`~exporter.alerting.rules.STATES`);
+- the 5-minute mean that state was judged on, ``gpu:gpu_busy:ratio5m``;
+- its bottleneck classes, ``gpu:gpu_bottleneck:class5m``, each with the mean it was judged on;
+- the alerts pending or firing on the GPU or one of its MIG instances, with their values.
+
+How much a GPU needs a person follows from those alone (:func:`attention`): a lost GPU or a
+firing critical alert is a ``fault``; a pending or firing alert above ``info``, a bottleneck class
+whose alert is above ``info`` (or that has none, as ``nvlink_bound``), or the state
+``underutilized`` (the fleet's "look at me"), a ``warning``; a GPU
+in use whose load the rules cannot measure (``unmeasured``) is ``unknown``; anything else ``ok``.
+Until the evaluator has seen a whole warm-up (:func:`~exporter.alerting.evaluator.warm_up_seconds`)
+the means cover less than their window and the verdict says it is warming up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.alerting import rules
+from exporter.alerting.evaluator import Alert, Evaluated, warm_up_seconds
+from exporter.alerting.thresholds import Thresholds, duration_seconds
+
+# Attention levels, the most urgent first.
+LEVELS = ("fault", "warning", "unknown", "ok")
+# The series each verdict names its GPU by, besides the recorded ones.
+FAMILIES = frozenset({"gpu_info", "gpu_up", "gpu_xid_errors_total"})
+
+# What each state and bottleneck class means, in a few words for a person.
+STATE_WORDS = {
+    "idle": "nothing running on it",
+    "underutilized": "in use, but busy less than GPUUtilizationLow's threshold",
+    "healthy": "busy, within the utilization thresholds",
+    "saturated": "busy above GPUUtilizationHigh's threshold",
+    "lost": "lost: NVML answers GPU_IS_LOST",
+    "unmeasured": "in use; its load cannot be measured (no utilization, no GPM)",
+    "unknown": "no state recorded yet",
+}
+BOTTLENECK_WORDS = {
+    "input_starved": "input-starved: busy in bursts, fully idle in between",
+    "underutilized": "underutilized: in use but mostly idle",
+    "memory_bandwidth_bound": "memory-bandwidth-bound: busy moving data, not computing",
+    "hung": "hung: looks busy but draws no power (a stuck collective?)",
+    "compute_bound": "compute-bound: busy computing",
+    "thermal_throttled": "thermal throttling: clocks held down by heat",
+    "power_capped": "power-capped: clocks held down by the power limit",
+    "pcie_bound": "PCIe-bound: host transfers fill the link",
+    "nvlink_bound": "NVLink-bound: GPU-to-GPU transfers fill the links",
+    "imbalanced": "imbalanced: well behind the busiest GPU of the node",
+    "none": "nothing holds it back",
+}
+
+# What each class's value is, ``{window}`` and ``{short}`` the rules' windows in words.
+BOTTLENECK_VALUES = {
+    "input_starved": "utilization, {window} mean",
+    "underutilized": "utilization, {window} mean",
+    "memory_bandwidth_bound": "DRAM active, {window} mean",
+    "hung": "power of its limit, the highest {short} mean in {window}",
+    "compute_bound": "utilization, {window} mean",
+    "thermal_throttled": "share of time throttled by heat, over {window}",
+    "power_capped": "share of time capped by power, over {window}",
+    "pcie_bound": "PCIe link busy, {window} mean",
+    "nvlink_bound": "NVLink busy, {window} mean",
+    "imbalanced": "behind the busiest GPU, in {window} means of utilization",
+    "none": "utilization, {window} mean",
+}
+
+
+def window_words(window: str) -> str:
+    """A rules' window in words: ``5m`` -> ``5-min``, ``90s`` -> ``90-s``."""
+    seconds = int(duration_seconds(window))
+    return f"{seconds // 60}-min" if seconds % 60 == 0 else f"{seconds}-s"
+
+
+def value_words(bottleneck: str, thresholds: Thresholds) -> str:
+    """What a bottleneck class's value is, with the rules' windows: ``utilization, 5-min mean``."""
+    text = BOTTLENECK_VALUES.get(bottleneck, "{window} value")
+    return text.format(
+        window=window_words(thresholds.window), short=window_words(thresholds.short_window)
+    )
+
+
+def needs_a_person(alert: Alert) -> bool:
+    """Whether an alert is above info: a pending or firing one makes its GPU a warning or fault."""
+    return _alert_rank(alert)[0] < 2
+
+
+@dataclass(frozen=True)
+class Bottleneck:
+    """One class of ``gpu:gpu_bottleneck:class5m`` a GPU is in, with the mean it was judged on."""
+
+    name: str
+    value: float
+    runbook_url: str
+    # Whether it needs a person: its alert's severity is above info (or it has no alert).
+    finding: bool
+    # What the value is: ``utilization, 5-min mean``.
+    measure: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return {
+            "bottleneck": self.name,
+            "value": self.value,
+            "measure": self.measure,
+            "finding": self.finding,
+            "text": BOTTLENECK_WORDS.get(self.name, self.name),
+            "runbook_url": self.runbook_url,
+        }
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One MIG GPU instance: its SM activity's 5-minute mean and its alerts."""
+
+    instance: str
+    profile: str
+    sm_active: float | None
+    alerts: tuple[Alert, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return {
+            "mig_instance": int(self.instance),
+            "mig_profile": self.profile,
+            "sm_active_5m": self.sm_active,
+            "alerts": [alert_json(alert) for alert in self.alerts],
+        }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One GPU as the rules recorded it at one evaluation."""
+
+    gpu: str
+    uuid: str
+    name: str
+    state: str
+    # gpu:gpu_busy:ratio5m: the 5-minute mean the state was judged on (None: not measured).
+    busy: float | None
+    bottlenecks: tuple[Bottleneck, ...]
+    # The alerts on the whole GPU, then those on its MIG instances (also in ``instances``).
+    alerts: tuple[Alert, ...]
+    instances: tuple[Instance, ...]
+    attention: str
+    # Whether the rules' means still cover less than their window.
+    warming_up: bool = False
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the GPU needs nothing done."""
+        return self.attention in ("ok", "unknown")
+
+    def headline(self) -> str:
+        """The word a GPU goes by: its first finding (``hung``, an alert's name), else its state."""
+        if self.healthy or self.state == "lost":
+            return self.state
+        finding = next((b.name for b in self.bottlenecks if b.finding), None)
+        if finding is not None:
+            return finding.replace("_", "-")
+        alert = next((a for a in self.alerts if needs_a_person(a)), None)
+        return alert.name if alert is not None else self.state
+
+    def summary(self) -> str:
+        """The one line that says what is wrong, or what it does: the most urgent first."""
+        alerts = sorted(self.alerts, key=_alert_rank)
+        if alerts and _alert_rank(alerts[0])[0] < 2:
+            first = alerts[0]
+            return first.annotations.get("summary") or first.name
+        findings = [b for b in self.bottlenecks if b.finding]
+        if findings:
+            return BOTTLENECK_WORDS.get(findings[0].name, findings[0].name)
+        healthy = [b for b in self.bottlenecks if b.name != "none"]
+        if healthy and self.state not in ("lost", "unknown"):
+            return BOTTLENECK_WORDS.get(healthy[0].name, healthy[0].name)
+        if self.warming_up and self.state in ("unmeasured", "unknown"):
+            return "warming up: the 5-min means need a whole window of samples"
+        return STATE_WORDS.get(self.state, self.state)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready view."""
+        return {
+            "gpu": int(self.gpu),
+            "uuid": self.uuid,
+            "name": self.name,
+            "state": self.state,
+            "busy_5m": self.busy,
+            "attention": self.attention,
+            "healthy": self.healthy,
+            "headline": self.headline(),
+            "warming_up": self.warming_up,
+            "summary": self.summary(),
+            "bottlenecks": [b.to_json() for b in self.bottlenecks],
+            "alerts": [alert_json(alert) for alert in self.alerts],
+            "mig_instances": [instance.to_json() for instance in self.instances],
+        }
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """Every GPU's verdict at one evaluation, and how far the rules' windows have filled."""
+
+    at: float
+    gpus: dict[str, Verdict]
+    # Alerts on no GPU (NVML down, the exporter's own).
+    node_alerts: tuple[Alert, ...]
+    seen_seconds: float
+    warm_up_seconds: float
+
+    @property
+    def warming_up(self) -> bool:
+        """Whether the 5-minute means still cover less than their window."""
+        return self.seen_seconds < self.warm_up_seconds
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready view (without the GPUs, which their readers place themselves)."""
+        return {
+            "evaluated_at": self.at,
+            "warming_up": self.warming_up,
+            "seen_seconds": round(self.seen_seconds, 3),
+            "warm_up_seconds": self.warm_up_seconds,
+        }
+
+
+def alert_json(alert: Alert) -> dict[str, Any]:
+    """One pending or firing alert as the doctor and the status page give it."""
+    return {
+        "alertname": alert.name,
+        "severity": alert.labels.get("severity", ""),
+        "state": alert.state,
+        "value": alert.value,
+        "summary": alert.annotations.get("summary", ""),
+        "description": alert.annotations.get("description", ""),
+        "runbook_url": alert.annotations.get("runbook_url", ""),
+        "since": alert.firing_since if alert.firing_since is not None else alert.active_since,
+        **(
+            {"mig_instance": int(alert.labels["mig_instance"])}
+            if "mig_instance" in alert.labels
+            else {}
+        ),
+    }
+
+
+def _alert_rank(alert: Alert) -> tuple[int, int, str]:
+    """(severity rank, firing before pending, name): critical 0, warning 1, info and none 2."""
+    severity = alert.labels.get("severity", "")
+    rank = {"critical": 0, "warning": 1}.get(severity, 2)
+    return (rank, alert.firing_since is None, alert.name)
+
+
+def attention(state: str, bottlenecks: tuple[Bottleneck, ...], alerts: tuple[Alert, ...]) -> str:
+    """How much a GPU needs a person: fault, warning, unknown or ok (see the module's text)."""
+    ranks = [_alert_rank(alert) for alert in alerts]
+    if state == "lost" or any(rank == 0 and not pending for rank, pending, _n in ranks):
+        return "fault"
+    if any(rank < 2 for rank, _pending, _n in ranks) or any(b.finding for b in bottlenecks):
+        return "warning"
+    if state == "underutilized":
+        return "warning"
+    if state in ("unmeasured", "unknown"):
+        return "unknown"
+    return "ok"
+
+
+# Why no sample names a GPU: NVML answered GPU_IS_LOST before the exporter could read its name
+# and UUID (its gpu_up 0 has no uuid label, and it has no gpu_info).
+LOST_BEFORE_READ = "lost before it was read"
+
+
+def unidentified(what: str, lost: bool) -> str:
+    """What stands for a GPU's ``what`` (name, UUID) where no sample carries it, and why."""
+    return f"{what} unknown: {LOST_BEFORE_READ if lost else 'in no sample yet'}"
+
+
+def read(
+    evaluated: Evaluated | None,
+    thresholds: Thresholds,
+    identities: Mapping[str, tuple[str, str]],
+) -> Verdicts | None:
+    """The verdicts of one evaluation (None before the first).
+
+    ``identities`` are the GPUs to give a verdict for, index -> (name, UUID) as the exporter
+    read them ("" where it could not); a GPU the evaluation recorded nothing for is ``unknown``.
+    """
+    if evaluated is None:
+        return None
+    names = rules.recording_names(thresholds)
+    recorded = evaluated.recorded
+    states = _by_gpu(recorded.get(names["state"], {}))
+    busy = _by_gpu(recorded.get(names["busy"], {}))
+    classes: dict[str, list[Bottleneck]] = {}
+    for labels, value in recorded.get(names["bottleneck"], {}).items():
+        label = dict(labels)
+        name = label.get("bottleneck", "")
+        paired = rules.BOTTLENECK_ALERTS.get(name)
+        finding = name != "none" and (
+            paired is None or thresholds.alert(paired).severity not in ("info", "none")
+        )
+        bottleneck = Bottleneck(
+            name, value, label.get("runbook_url", ""), finding, value_words(name, thresholds)
+        )
+        classes.setdefault(label.get("gpu", ""), []).append(bottleneck)
+    order = list(rules.BOTTLENECK_ALERTS)
+    sm_active: dict[tuple[str, str], tuple[str, float]] = {}
+    for labels, value in recorded.get(names["mig_sm_active"], {}).items():
+        label = dict(labels)
+        key = (label.get("gpu", ""), label.get("mig_instance", ""))
+        sm_active[key] = (label.get("mig_profile", ""), value)
+    on_gpu: dict[str, list[Alert]] = {}
+    node_alerts: list[Alert] = []
+    for alert in evaluated.alerts:
+        if "gpu" in alert.labels:
+            on_gpu.setdefault(alert.labels["gpu"], []).append(alert)
+        else:
+            node_alerts.append(alert)
+    warm_up = warm_up_seconds(thresholds)
+    gpus: dict[str, Verdict] = {}
+    for gpu in sorted({*identities, *states, *on_gpu, *classes} - {""}, key=int):
+        label = dict(states[gpu][0]) if gpu in states else {}
+        model, uuid = identities.get(gpu, ("", ""))
+        lost = label.get("state") == "lost"
+        found = tuple(sorted(classes.get(gpu, []), key=lambda b: order.index(b.name)))
+        alerts = tuple(sorted(on_gpu.get(gpu, []), key=_alert_rank))
+        instance_ids = {i for g, i in sm_active if g == gpu}
+        instance_ids |= {a.labels["mig_instance"] for a in alerts if "mig_instance" in a.labels}
+        instances = tuple(
+            Instance(
+                instance,
+                sm_active.get((gpu, instance), ("", 0.0))[0]
+                or next(
+                    (
+                        a.labels.get("mig_profile", "")
+                        for a in alerts
+                        if a.labels.get("mig_instance") == instance
+                    ),
+                    "",
+                ),
+                sm_active[(gpu, instance)][1] if (gpu, instance) in sm_active else None,
+                tuple(a for a in alerts if a.labels.get("mig_instance") == instance),
+            )
+            for instance in sorted(instance_ids, key=int)
+        )
+        name = label.get("state", "unknown")
+        gpus[gpu] = Verdict(
+            gpu,
+            uuid or label.get("uuid") or unidentified("UUID", lost),
+            model or unidentified("name", lost),
+            name,
+            busy[gpu][1] if gpu in busy else None,
+            found,
+            alerts,
+            instances,
+            attention(name, found, alerts),
+            evaluated.at - evaluated.since < warm_up,
+        )
+    return Verdicts(
+        evaluated.at,
+        gpus,
+        tuple(sorted(node_alerts, key=_alert_rank)),
+        evaluated.at - evaluated.since,
+        warm_up,
+    )
+
+
+def _by_gpu(series: Mapping[Any, float]) -> dict[str, tuple[Any, float]]:
+    """GPU index -> (labels, value) of a recorded family with one series per GPU."""
+    found = {}
+    for labels, value in series.items():
+        gpu = dict(labels).get("gpu")
+        if gpu is not None:
+            found[gpu] = (labels, value)
+    return found
