@@ -202,6 +202,18 @@ class Case:
     def matching(self, pattern: str) -> list[str]:
         return [line for line in self.daemon.lines if re.search(pattern, line)]
 
+    def problems(self) -> list[str]:
+        """The warnings logged, less a collection late on a loaded machine (which is true)."""
+        return [line for line in self.matching(r"WARNING exporter\.") if not _LATE.search(line)]
+
+
+# A collection that did not finish within the collection timeout: the daemon says so whenever
+# the machine is slow, whatever the fault under test.
+_LATE = re.compile(
+    r"exporter\.collection: GPU \d+: (collector \w+ has not returned|collection "
+    r"(has not returned after its last collector|queued, not started)) within"
+)
+
 
 def _status(pid: int) -> tuple[int, int]:
     rss = threads = 0
@@ -683,7 +695,7 @@ def test_every_optional_call_not_supported_is_absence_not_failure(cases) -> None
         assert len(series(samples, "gpu_memory_used_bytes")) == 2
         assert len(series(samples, "gpu_temperature_celsius")) == 2
     # Not supported is a normal answer: nothing to warn about.
-    assert case.matching(r"WARNING exporter\.") == []
+    assert case.problems() == []
     assert_collecting(case, case.warm_at)
     assert_flat(case, case.warm_at)
 
@@ -717,7 +729,7 @@ def test_sentinel_and_absurd_values_never_become_samples(cases) -> None:
     # Logged once: the collector and the dropped reading named.
     assert case.count("collector temperature on GPU 0: implausible values dropped") == 1
     assert case.count("temperature.gpu=4000") == 1
-    assert len(case.matching(r"WARNING exporter\.")) == len(
+    assert len(case.problems()) == len(
         {
             dict(labels)["collector"]
             for labels in series(observed[-1], "gpuload_nvml_errors_total")
@@ -795,7 +807,10 @@ def test_pod_resources_socket_disappearing_reports_0_once_and_gpus_go_on(
         assert kubelet_up(samples) == 0
         assert len(series(samples, "gpu_utilization_ratio")) == 2
     assert all(series(s, "gpu_pod_info") == {} for s in case.samples_between(dropped.at))
-    assert case.count("collector kubernetes: the kubelet's pod-resources socket") == 1
+    # Reported once when it went; a slow answer before it (a loaded machine) is reported too,
+    # and resolved when the kubelet answered again.
+    reports = case.count("collector kubernetes: the kubelet's pod-resources socket")
+    assert reports == 1 + case.count("collector kubernetes: the kubelet answers again")
     assert case.count("its socket is gone; GPUs keep reporting") == 1
     assert case.count("Traceback") == 0
     assert_collecting(case, case.warm_at)

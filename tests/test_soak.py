@@ -1,4 +1,7 @@
-"""The soak, shortened: scripts/soak for 24 s with a fault every 3 s and a relay kill every 5 s.
+"""The soak, shortened: scripts/soak for 42 s with a fault every 5 s and a relay kill every 5 s.
+
+Each fault lasts a fifth of the spacing: a second, so that a loaded machine's late collection
+cycle still sees it.
 
 The full run (`scripts/soak`, 10 minutes, a fault a minute) gives the figures in
 docs/reliability.md; this one proves in the suite that the same machinery holds: every fault
@@ -17,9 +20,11 @@ from helpers import ROOT
 # The most threads the exporter may have: one collection worker per GPU (16), the main thread,
 # the scheduler and its executor thread, the HTTP front's watcher and the reader of what it
 # forwards, the deadlines of the connections it serves, the XID event thread and one forwarded
-# request in flight. A hung call holds its GPU's worker without a new one being started; a
-# pile-up would break the bound within a fault or two.
-MAX_THREADS = 16 + 8
+# request in flight, and the thread of the scrape before it: the scraper opens its next
+# connection as soon as it has read an answer, while the server's side of the last one may still
+# be closing (on a loaded machine, often). A hung call holds its GPU's worker without a new one
+# being started; a pile-up would break the bound within a fault or two.
+MAX_THREADS = 16 + 9
 
 
 def test_short_soak_loses_nothing_and_survives_every_fault(tmp_path: Path) -> None:
@@ -29,9 +34,9 @@ def test_short_soak_loses_nothing_and_survives_every_fault(tmp_path: Path) -> No
             sys.executable,
             str(ROOT / "scripts" / "soak"),
             "--minutes",
-            "0.4",
+            "0.7",
             "--fault-spacing",
-            "3",
+            "5",
             "--kill-spacing",
             "5",
             "--interval",
@@ -48,7 +53,7 @@ def test_short_soak_loses_nothing_and_survives_every_fault(tmp_path: Path) -> No
     soak = json.loads(figures.read_text())
     assert soak["exporter_alive"] and soak["relay_alive"], result.stderr
     assert soak["scrape_failures"] == 0
-    # How many scrapes, notifications and relay restarts fit in the 24 s depends on how fast
+    # How many scrapes, notifications and relay restarts fit in the 42 s depends on how fast
     # the machine is; that each happened does not (a fault is only seen through scrapes).
     assert soak["scrapes"] > 0
     assert soak["faults_injected"] == 7
