@@ -23,8 +23,13 @@ GZIP = ("text/plain; version=0.0.4; charset=utf-8", True)
 
 def front_pids(daemon: Daemon) -> list[int]:
     # Each thread has its own list: a front started again is the watcher thread's child.
-    tasks = Path(f"/proc/{daemon.process.pid}/task").glob("*/children")
-    return sorted(int(child) for task in tasks for child in task.read_text().split())
+    children = []
+    for task in Path(f"/proc/{daemon.process.pid}/task").glob("*/children"):
+        try:
+            children += task.read_text().split()
+        except FileNotFoundError:
+            continue  # a thread that ended since the listing (a connection's) had no child
+    return sorted(int(child) for child in children)
 
 
 def alive(pid: int) -> bool:
