@@ -188,3 +188,18 @@ def run_prometheus(
     wait_until(lambda: answers(url + "/-/ready") or process.poll() is not None, what="prometheus")
     assert process.poll() is None, (folder / "prometheus.log").read_text()
     return url
+
+
+def promtool_test_rules(path: Path, document: dict[str, Any]) -> None:
+    """Write a `promtool test rules` document to ``path`` and assert that promtool passes it."""
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "needs Debian's prometheus (scripts/test installs it)"
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+    result = subprocess.run(
+        [promtool, "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]

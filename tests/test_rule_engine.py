@@ -12,12 +12,11 @@ evaluates the same rule files and must agree on all of it.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from helpers import promtool_test_rules
 
 from exporter.alerting import thresholds
 from exporter.alerting.evaluator import Evaluator, local_rules
@@ -102,17 +101,7 @@ def test_promtool_gives_the_local_alerts_and_states_on_generated_series(
     for test, expressions in zip(document["tests"], states, strict=True):
         test["promql_expr_test"] = expressions
     fired = {e.alertname for case in cases for check in case.checks for e in check.firing}
-    path = tmp_path / "generated.test.yml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
-    assert promtool is not None
-    result = subprocess.run(
-        [promtool, "test", "rules", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    promtool_test_rules(tmp_path / "generated.test.yml", document)
     # The cases reach the alerts they are built for (a shard that fires nothing proves little).
     assert len(fired) >= 8, sorted(fired)
 

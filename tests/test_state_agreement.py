@@ -23,12 +23,11 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from helpers import promtool_test_rules
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from simnode import SimulatedNode
@@ -242,14 +241,4 @@ def test_prometheus_the_local_evaluator_the_doctor_and_the_status_page_agree(
             }
         ],
     }
-    path = tmp_path / "scenario.test.yml"
-    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
-    assert promtool is not None
-    result = subprocess.run(
-        [promtool, "test", "rules", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    promtool_test_rules(tmp_path / "scenario.test.yml", document)

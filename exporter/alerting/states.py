@@ -79,6 +79,14 @@ def window_words(window: str) -> str:
     return f"{seconds // 60}-min" if seconds % 60 == 0 else f"{seconds}-s"
 
 
+def span_words(seconds: float) -> str:
+    """A duration in words: ``6 min``, ``30 s``, ``1 min 30 s``."""
+    minutes, rest = divmod(max(0, round(seconds)), 60)
+    if not minutes:
+        return f"{rest} s"
+    return f"{minutes} min" + (f" {rest} s" if rest else "")
+
+
 def value_words(bottleneck: str, thresholds: Thresholds) -> str:
     """What a bottleneck class's value is, with the rules' windows: ``utilization, 5-min mean``."""
     text = BOTTLENECK_VALUES.get(bottleneck, "{window} value")
@@ -213,6 +221,13 @@ class Verdicts:
     node_alerts: tuple[Alert, ...]
     seen_seconds: float
     warm_up_seconds: float
+    # The rules' window (``5m``): what every mean of a verdict is taken over.
+    window: str
+
+    @property
+    def mean_words(self) -> str:
+        """How a figure over the window is labelled: ``5-min mean``."""
+        return f"{window_words(self.window)} mean"
 
     @property
     def warming_up(self) -> bool:
@@ -226,6 +241,7 @@ class Verdicts:
             "warming_up": self.warming_up,
             "seen_seconds": round(self.seen_seconds, 3),
             "warm_up_seconds": self.warm_up_seconds,
+            "window": self.window,
         }
 
 
@@ -366,6 +382,7 @@ def read(
         tuple(sorted(node_alerts, key=_alert_rank)),
         evaluated.at - evaluated.since,
         warm_up,
+        thresholds.window,
     )
 
 

@@ -205,20 +205,21 @@ def text(node: Node, verdicts: states.Verdicts, source: str, duration: float, co
     for group in node.groups:
         for gpu, found in group.xids.items():
             lines.extend(f"  {xid.text(gpu)}" for xid in found)
-    lines.append(f"sampled {_duration(duration)} from {source}")
+    lines.append(f"sampled {states.span_words(duration)} from {source}")
     if verdicts.warming_up:
+        need = states.span_words(verdicts.warm_up_seconds)
         lines.append(
-            f"warming up: the rules' means need {_duration(verdicts.warm_up_seconds)} of samples "
-            f"and have {_duration(verdicts.seen_seconds)}; the load of a GPU in use is "
+            f"warming up: the rules' means need {need} of samples "
+            f"and have {states.span_words(verdicts.seen_seconds)}; the load of a GPU in use is "
             f"unmeasured until then (--duration {verdicts.warm_up_seconds:g}s)"
         )
     else:
-        lines.append("states and figures: the rules' 5-minute means at the end")
+        lines.append(f"states and figures: the rules' {verdicts.mean_words}s at the end")
     for alert in verdicts.node_alerts:
         lines.append(f"{alert.name} {alert.state}: {alert.annotations.get('summary', '')}")
     lines.append("")
     for group in node.groups:
-        lines += _group(group)
+        lines += _group(group, verdicts.mean_words)
         lines.append("")
     verdict = {
         HEALTHY: "healthy: nothing to do",
@@ -229,22 +230,15 @@ def text(node: Node, verdicts: states.Verdicts, source: str, duration: float, co
     return "\n".join(lines)
 
 
-def _duration(seconds: float) -> str:
-    minutes, rest = divmod(round(seconds), 60)
-    if not minutes:
-        return f"{rest} s"
-    return f"{minutes} min" + (f" {rest} s" if rest else "")
-
-
 def _pct(ratio: float | None) -> str:
     return "n/a" if ratio is None else f"{ratio * 100:.0f}%"
 
 
-def _group(group: Group) -> list[str]:
+def _group(group: Group, mean: str) -> list[str]:
     first = group.verdicts[0]
     count = len(group.verdicts)
     model = f"{count} x {first.name}" if count > 1 else f"{first.name}, {first.uuid}"
-    busy = group.merged([[f"busy {_pct(v.busy)} (5-min mean)"] for v in group.verdicts])[0]
+    busy = group.merged([[f"busy {_pct(v.busy)} ({mean})"] for v in group.verdicts])[0]
     load = f"{first.state}, {busy}"
     if first.state == "lost":
         load = f"lost, no readings ({first.attention})"
@@ -290,6 +284,6 @@ def _group(group: Group) -> list[str]:
         alerts = ", ".join(f"{a.name} {a.state}" for a in instance.alerts) or "no alert"
         lines.append(
             f"    instance {instance.instance} ({instance.profile}): "
-            f"SM active {active} (5-min mean); {alerts}"
+            f"SM active {active} ({mean}); {alerts}"
         )
     return lines

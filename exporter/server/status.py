@@ -142,18 +142,11 @@ def _mean_words(window: str) -> str:
     return f"{states.window_words(window)} mean"
 
 
-def _span(seconds: float) -> str:
-    """A duration in words: ``6 min``, ``30 s``, ``1 min 30 s``."""
-    minutes, rest = divmod(max(0, int(seconds)), 60)
-    if not minutes:
-        return f"{rest} s"
-    return f"{minutes} min" + (f" {rest} s" if rest else "")
-
-
 def warm_up_words(rules: dict[str, Any]) -> str:
     """What a warming-up verdict waits for, from the document's ``rules``."""
     mean = _mean_words(rules["window"])
-    need, seen = _span(rules["warm_up_seconds"]), _span(rules["seen_seconds"])
+    need = states.span_words(rules["warm_up_seconds"])
+    seen = states.span_words(rules["seen_seconds"])
     return f"{mean}s need {need} of samples, {seen} so far"
 
 
@@ -322,9 +315,8 @@ class StatusPage:
         document["nvml"] = "up" if snapshot.nvml_up else "down"
         document["updated_at"] = snapshot.completed_at
         verdicts = self._verdicts(snapshot)
-        thresholds = self._thresholds()
-        if verdicts is not None and thresholds is not None:
-            document["rules"] = {**verdicts.to_json(), "window": thresholds.window}
+        if verdicts is not None:
+            document["rules"] = verdicts.to_json()
             document["alerts"] = [states.alert_json(a) for a in verdicts.node_alerts]
         samples = list(snapshot_samples(snapshot))
         now = snapshot.completed_at
