@@ -26,7 +26,7 @@ _CHANNELS = {2: 3, 6: 4}  # PNG colour type -> bytes per pixel at 8 bits: RGB, R
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    """One thread per request, as the daemon's front answers several browsers at once."""
+    """One thread per request, as the daemon answers several browsers at once."""
 
     daemon_threads = True
 

@@ -106,22 +106,3 @@ def test_serve_imports_grpc_once_the_kubelet_socket_exists(socket_dir: Path) -> 
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(str(path))
         assert heavy_modules_of_serve(path) == ["google.protobuf", "grpc"]
-
-
-def test_the_http_front_imports_neither_nvml_nor_a_generic_http_stack() -> None:
-    # The front process imports what exporter.server.front does (and its web config module
-    # only with a web config): nothing of NVML, prometheus_client, wsgiref's server (http.server,
-    # http.client, the email package), nor the simulator that `gpuload sim exec` would install.
-    heavy = ("pynvml", "prometheus_client", "http.server", "http.client", "email", "yaml", "ctypes")
-    probe = (
-        "import sys, json; import exporter.server.front, exporter.logs; "
-        f"print(json.dumps([name for name in {heavy!r} if name in sys.modules]))"
-    )
-    loaded = subprocess.run(
-        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(ROOT)!r}); {probe}"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    assert json.loads(loaded.stdout) == []

@@ -47,7 +47,7 @@ KUBELET_SCENARIOS = {"a100-mig"}
 # wall-clock timestamps, durations and the process's own resource use, and the PCIe byte
 # counters, which GPUs without NVML's byte counters integrate over wall-clock time.
 NON_DETERMINISTIC = re.compile(
-    r"^(# (HELP|TYPE) )?(process_|gpuload_http_process_|python_gc_|python_info"
+    r"^(# (HELP|TYPE) )?(process_|python_gc_|python_info"
     r"|gpuload_collector_duration_seconds"
     r"|gpu_pcie_transmit_bytes_total|gpu_pcie_receive_bytes_total"
     r"|gpuload_collector_last_success_timestamp_seconds|gpuload_last_collection_timestamp_seconds"

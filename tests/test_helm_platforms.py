@@ -627,8 +627,7 @@ def pod_python() -> Iterator[str]:
     """An interpreter every uid can run, as the image's python, with gpuload's packages.
 
     This environment's may sit on an interpreter under a folder only its owner may enter (a
-    pyenv in its home), and the daemon starts its HTTP front with sys.executable in isolated mode
-    (-I: no PYTHONPATH). So when nobody can run it, a throwaway virtual environment on the
+    pyenv in its home). So when nobody can run it, a throwaway virtual environment on the
     system's interpreter of the same version reads this one's packages through a .pth file.
     """
     if _runs_as_nobody(sys.executable):
@@ -657,9 +656,8 @@ def pod_python() -> Iterator[str]:
 
 
 def _runs_as_nobody(interpreter: str) -> bool:
-    """Whether uid 65534 can run gpuload's web config module and the daemon's front with it."""
-    child = "[sys.executable, '-I', '-c', 'import exporter.server.webconfig']"
-    probe = f"import subprocess, sys; subprocess.run({child}, check=True)"
+    """Whether uid 65534 can run gpuload's web config module with it."""
+    probe = "import exporter.server.webconfig"
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
     done = subprocess.run(
         [*nobody, interpreter, "-c", probe], cwd=ROOT, check=False, capture_output=True

@@ -37,11 +37,6 @@ NOT_THRESHOLDS = {
         "timeout=max(0.1, interval * 0.8) if clock is None else SCENARIO_TIMEOUT_SECONDS,",
     ): "the shortest collection timeout, in seconds",
     ("exporter/collection.py", "_BACKOFF_SLACK_SECONDS = 0.1"): "seconds of scheduling slack",
-    (
-        "exporter/server/front.py",
-        "ready, _, _ = select.select([listener], [], [], min(remaining, 0.2))",
-    ): "seconds between checks for a stop",
-    ("exporter/server/front.py", "self._stopping.wait(0.05)"): "seconds between checks for a stop",
     ("exporter/server/wsgi.py", "poll_interval: float = 0.2,"): "seconds between checks for a stop",
     (
         "exporter/relay/metrics.py",

@@ -93,7 +93,7 @@ def _client(url: str, deadline: float, counts: Counter[str], problems: list[str]
             path = PATHS[turn % len(PATHS)]
             turn += 1
             try:
-                # A generous bound: the front answers 503 itself after 60 s.
+                # A generous bound: an answer waits for no more than one encoding.
                 response = session.get(url + path.lstrip("/"), timeout=90)
             except requests.RequestException as error:
                 problems.append(f"{path}: {type(error).__name__}: {error}")

@@ -56,9 +56,12 @@ class Relay:
             max_age=config.queue.max_age,
             wake=self._wake,
         )
-        # The relay judges a notification's length itself: 413 with advice, and a metric.
+        # The application refuses a notification over the limit first, with advice and a metric.
         self.server = Server(
-            config.web.listen_address, self.app, config.web.security, max_body=None
+            config.web.listen_address,
+            self.app,
+            config.web.security,
+            max_body=config.web.max_body_bytes,
         )
         self._stopped = threading.Event()
         self._pruner = threading.Thread(target=self._prune, name="prune", daemon=True)

@@ -29,8 +29,11 @@ from exporter.relay.config import AuthConfig
 from exporter.relay.metrics import RelayMetrics
 from exporter.relay.queue import Queue
 from exporter.relay.routes import Route, targets_for
+from exporter.server.wsgi import Answer
 
 log = logging.getLogger(__name__)
+
+_PLAIN = [("Content-Type", "text/plain; charset=utf-8")]
 
 StartResponse = Callable[..., Any]
 
@@ -127,31 +130,28 @@ class RelayApplication:
             return _text(start_response, "503 Service Unavailable", f"queue unavailable: {error}")
         return _text(start_response, "200 OK", "ready")
 
-    def _notification(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+    def preflight(self, environ: dict[str, Any]) -> Answer | None:
+        """A notification refused on its head, before its body is read (see Server)."""
+        if environ.get("PATH_INFO", "/") != self._path:
+            return None
         if environ.get("REQUEST_METHOD") != "POST":
             self._metrics.rejected.labels("method").inc()
-            start_response(
+            return Answer(
                 "405 Method Not Allowed",
-                [("Allow", "POST"), ("Content-Type", "text/plain; charset=utf-8")],
+                [("Allow", "POST"), *_PLAIN],
+                b"POST Alertmanager notifications here\n",
             )
-            return [b"POST Alertmanager notifications here\n"]
         if not self._auth.allows(environ.get("HTTP_AUTHORIZATION", "")):
             self._metrics.rejected.labels("unauthorized").inc()
-            start_response(
+            return Answer(
                 "401 Unauthorized",
-                [
-                    ("WWW-Authenticate", f'{self._auth.scheme} realm="gpuload relay"'),
-                    ("Content-Type", "text/plain; charset=utf-8"),
-                ],
+                [("WWW-Authenticate", f'{self._auth.scheme} realm="gpuload relay"'), *_PLAIN],
+                b"unauthorized: send the configured credentials\n",
             )
-            return [b"unauthorized: send the configured credentials\n"]
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or "-1")
-        except ValueError:
-            length = -1
-        if length < 0:
+        if "CONTENT_LENGTH" not in environ:
             self._metrics.rejected.labels("no_length").inc()
-            return _text(start_response, "411 Length Required", "a Content-Length is required")
+            return Answer("411 Length Required", _PLAIN, b"a Content-Length is required\n")
+        length = int(environ["CONTENT_LENGTH"])  # digits only: the server checked
         if length > self._max_body:
             self._metrics.rejected.labels("too_large").inc()
             self._problems.report(
@@ -160,16 +160,16 @@ class RelayApplication:
                 "drops: set max_alerts in the receiver's webhook_configs (or raise the limit)",
                 self._max_body,
             )
-            return _text(
-                start_response,
-                "413 Content Too Large",
+            reason = (
                 f"body of {length} bytes is over the limit of {self._max_body}; set max_alerts "
-                "in this receiver's webhook_configs to send fewer alerts per notification",
+                "in this receiver's webhook_configs to send fewer alerts per notification\n"
             )
-        body = environ["wsgi.input"].read(length) if length else b""
-        if len(body) < length:
-            self._metrics.rejected.labels("malformed").inc()
-            return _text(start_response, "400 Bad Request", "body shorter than its Content-Length")
+            return Answer("413 Content Too Large", _PLAIN, reason.encode())
+        return None
+
+    def _notification(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        # The server has called `preflight`, and read the body whole.
+        body = environ["wsgi.input"].read()
         try:
             notification = payload.parse(body)
         except payload.PayloadError as error:

@@ -21,9 +21,9 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from exporter.alerting.local import LocalAlerting
 from exporter.collection import Collection, Snapshot
 from exporter.config import Config
-from exporter.server.front import FrontProcess
 from exporter.server.http import Application
 from exporter.server.status import StatusPage
+from exporter.server.wsgi import Server
 
 if TYPE_CHECKING:
     from exporter.sim import SimulatedNvml
@@ -115,15 +115,8 @@ def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
     )
 
 
-def _run_cycle(
-    collection: Collection, alerting: LocalAlerting | None, app: Application
-) -> Snapshot:
+def _run_cycle(collection: Collection, alerting: LocalAlerting | None) -> Snapshot:
     snapshot = collection.run_cycle()
-    try:
-        # Here, not on the scrape: the first scrape of each snapshot is served from the cache.
-        app.prime(snapshot)
-    except Exception:  # a failed encoding fails that scrape, never collection
-        log.exception("encoding the snapshot for /metrics failed")
     if alerting is None:
         return snapshot
     try:
@@ -150,21 +143,9 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         clock=clock,
         profile=config.metrics_profile,
     )
-    app = Application(
-        lambda: collection.snapshot, config.web.telemetry_path, front_pid=lambda: server.pid
-    )
-    security = config.web.security
+    app = Application(lambda: collection.snapshot, config.web.telemetry_path)
     try:
-        # Scrapes are answered by a process of its own: see exporter/server/front.py.
-        server = FrontProcess(
-            config.web.listen_address,
-            app,
-            telemetry_path=config.web.telemetry_path,
-            web_config=None if security is None else str(security.path),
-            tls=security is not None and security.tls is not None,
-            logging_settings=(config.log.level, config.log.format),
-            asked=app.metrics.asked,
-        )
+        server = Server(config.web.listen_address, app, config.web.security)
     except OSError as error:
         # One plain line, whatever the log format: nothing runs yet to read a log.
         print(
@@ -189,7 +170,6 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         hostname=os.environ.get("NODE_NAME") or None,
         scenario=config.simulate.scenario,
     )
-    app.metrics.publish = server.publish
     stop = stop or threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -205,7 +185,7 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     scheduler.add_job(
         _run_cycle,
         "interval",
-        args=(collection, alerting, app),
+        args=(collection, alerting),
         seconds=config.collect_interval,
         id="collect",
         max_instances=1,

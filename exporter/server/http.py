@@ -5,8 +5,7 @@ prometheus_client's exposition on a dedicated registry: its content negotiation
 (OpenMetrics when asked), gzip when asked and `name[]` filtering; in the two usual formats
 the snapshot is written by `exporter.server.exposition`, byte for byte the same, for less
 CPU. A snapshot does not change once published, so its encoded answer is kept per format
-(content type and gzip) until the next snapshot replaces it; see `MetricsEndpoint`. Those
-answers are handed to the HTTP front process, which serves them (`exporter.server.front`).
+(content type and gzip) until the next snapshot replaces it; see `MetricsEndpoint`.
 """
 
 from __future__ import annotations
@@ -15,9 +14,7 @@ import gzip
 import html
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, make_wsgi_app
@@ -49,50 +46,15 @@ class SnapshotCollector(Collector):
         yield from snapshot.each_family()
 
 
-def build_registry(
-    latest: Callable[[], Snapshot | None],
-    *,
-    front_pid: Callable[[], int] | None = None,
-) -> CollectorRegistry:
-    """A dedicated registry: the snapshot plus the process's own metrics (and its front's)."""
+def build_registry(latest: Callable[[], Snapshot | None]) -> CollectorRegistry:
+    """A dedicated registry: the snapshot plus the process's own metrics."""
     # Without describe(), a collector is left out of `name[]` filtered answers unless the
     # registry is told to keep collectors that name nothing.
     registry = CollectorRegistry(auto_describe=False, support_collectors_without_names=True)
     registry.register(SnapshotCollector(latest))
     ProcessCollector(registry=registry)
-    if front_pid is not None:
-        # gpuload_http_process_*: the HTTP front process's CPU, memory and file descriptors.
-        ProcessCollector(namespace="gpuload_http", pid=front_pid, registry=registry)
     PlatformCollector(registry=registry)
     return registry
-
-
-@dataclass
-class _Demand:
-    """How one format (content type, gzip) of /metrics has been asked for."""
-
-    encoder: Callable[[CollectorRegistry], bytes]
-    generation: int  # the cached snapshot's generation when it was last asked for
-    last: float  # monotonic time of the first request for that snapshot
-    gap: float | None = None  # seconds between the last two such requests
-
-    def asked(self, generation: int, now: float) -> None:
-        """Note a request; the first request per snapshot measures the scrape interval."""
-        if generation == self.generation:
-            return
-        self.gap, self.last, self.generation = now - self.last, now, generation
-
-    def due(self, now: float, cycle: float) -> bool:
-        """Whether the next request is expected before the next snapshot replaces this one."""
-        elapsed = now - self.last
-        if self.gap is None:
-            # Asked for once (a person's curl, a probe): its next request may never come, so
-            # nothing is encoded for it until a second one shows an interval.
-            return False
-        # The snapshot a scrape gets is published less than a cycle before it, and
-        # Prometheus scrapes on a fixed schedule: from 1.5 cycles before the expected scrape
-        # (half a cycle of slack for jitter) until two scrapes were missed (it has gone).
-        return self.gap - 1.5 * cycle <= elapsed <= 2 * self.gap + cycle
 
 
 class MetricsEndpoint:
@@ -103,51 +65,26 @@ class MetricsEndpoint:
     (HA Prometheus pairs, dashboards, concurrent scrapers) get the same bytes, and
     concurrent first scrapes wait for one encoding instead of each doing it. The process's
     own `process_*` metrics are encoded with the snapshot, so they are as fresh as the
-    snapshot: within one collection interval. `name[]` filtering and anything but GET go to
-    prometheus_client's app uncached.
-
-    The first scrape after a new snapshot would pay for the encoding, and that is every
-    scrape of a Prometheus scraping less often than it collects. `prime` lets the
-    collection thread encode a new snapshot instead, in the formats that are expected to
-    be asked for before the next snapshot: those asked for before, from shortly before
-    their next expected scrape (the interval between past scrapes). Priming every format
-    every cycle would encode 15 times per scrape at 1 s collection and 15 s scrapes; see
-    bench/OPTIMIZATIONS.md.
+    snapshot: within one collection interval. `name[]` filtering and anything but GET and
+    HEAD go to prometheus_client's app uncached.
     """
 
-    def __init__(
-        self,
-        latest: Callable[[], Snapshot | None],
-        clock: Callable[[], float] = time.monotonic,
-        front_pid: Callable[[], int] | None = None,
-    ) -> None:
+    def __init__(self, latest: Callable[[], Snapshot | None]) -> None:
         self._latest = latest
-        self._clock = clock
-        self._uncached = make_wsgi_app(build_registry(latest, front_pid=front_pid))
+        self._uncached = make_wsgi_app(build_registry(latest))
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
-        self._generation = 0
         # Encodes exactly the snapshot being cached, even if a newer one is published meanwhile.
-        self._registry = build_registry(lambda: self._snapshot, front_pid=front_pid)
-        # The newest snapshot `prime` has finished with: scrapes serve it, never waiting for the
-        # encoding of a newer one (tens of ms at 16 GPUs). None until the first prime.
-        self._handed: Snapshot | None = None
-        self._priming: Snapshot | None = None
-        self._priming_registry = build_registry(lambda: self._priming, front_pid=front_pid)
+        self._registry = build_registry(lambda: self._snapshot)
         # Writes snapshots in the two usual formats; the process's own metrics after them.
-        self._writer = Exposition(build_registry(lambda: None, front_pid=front_pid))
+        self._writer = Exposition(build_registry(lambda: None))
         # (content type, gzip) -> the encoded answer for self._snapshot.
         self._answers: dict[tuple[str, bool], bytes] = {}
-        self._demand: dict[tuple[str, bool], _Demand] = {}
-        self._primed_at: float | None = None
-        # Called with (generation, answers) whenever answers are encoded: the HTTP front
-        # process serves them from then on.
-        self.publish: Callable[[int, dict[tuple[str, bool], bytes]], None] | None = None
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         """Answer a scrape from the cache when it can."""
         query = environ.get("QUERY_STRING", "")
-        snapshot = self._handed or self._latest()
+        snapshot = self._latest()
         method = environ.get("REQUEST_METHOD")
         if method not in ("GET", "HEAD") or "name" in query or snapshot is None:
             return self._uncached(environ, start_response)
@@ -155,77 +92,17 @@ class MetricsEndpoint:
         compressed = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", ""))
         key = (content_type, compressed)
         with self._lock:
-            body, encoded = self._answer(snapshot, key, encoder)
-            generation = self._generation
-            demand = self._demand.get(key)
-            # A HEAD (a health check, curl -I) is no scrape: no format is primed for it.
-            if method == "GET":
-                if demand is None:
-                    self._demand[key] = _Demand(encoder, generation, self._clock())
-                else:
-                    demand.asked(generation, self._clock())
-        if encoded and self.publish is not None:
-            self.publish(generation, {key: body})
+            if self._snapshot is not snapshot:
+                self._snapshot, self._answers = snapshot, {}
+            body = self._answers.get(key)
+            if body is None:
+                body = _encoded(self._registry, key, encoder, snapshot, self._writer)
+                self._answers[key] = body
         headers = [("Content-Type", content_type)]
         if compressed:
             headers.append(("Content-Encoding", "gzip"))
         start_response("200 OK", headers)
         return [body]
-
-    def prime(self, snapshot: Snapshot) -> list[tuple[str, bool]]:
-        """Encode `snapshot` now in the formats due to be asked for; returns those formats."""
-        now = self._clock()
-        # The collection interval, as this is called once per cycle.
-        cycle = 0.0 if self._primed_at is None else now - self._primed_at
-        self._primed_at = now
-        with self._lock:
-            due = [(key, d.encoder) for key, d in self._demand.items() if d.due(now, cycle)]
-        # Encoded outside the lock: meanwhile scrapes get the previous snapshot's answers.
-        self._priming = snapshot
-        answers = {}
-        try:
-            for key, encoder in due:
-                answers[key] = _encoded(
-                    self._priming_registry, key, encoder, snapshot, self._writer
-                )
-        finally:
-            # Handed over even if an encoding failed: a scrape then encodes it, and says why.
-            self._priming = None
-            with self._lock:
-                self._cache(snapshot)
-                self._answers.update(answers)
-                self._handed = snapshot
-                generation, current = self._generation, dict(self._answers)
-            if self.publish is not None:
-                self.publish(generation, current)
-        return [key for key, _ in due]
-
-    def asked(self, key: tuple[str, bool], generation: int, when: float) -> None:
-        """Note a request answered elsewhere (the HTTP front) from generation's answer."""
-        with self._lock:
-            demand = self._demand.get(key)
-            if demand is not None:
-                demand.asked(generation, when)
-
-    def _answer(
-        self,
-        snapshot: Snapshot,
-        key: tuple[str, bool],
-        encoder: Callable[[CollectorRegistry], bytes],
-    ) -> tuple[bytes, bool]:
-        """The cached answer for `snapshot` in format `key` and whether it was encoded now."""
-        self._cache(snapshot)
-        body = self._answers.get(key)
-        if body is not None:
-            return body, False
-        body = self._answers[key] = _encoded(self._registry, key, encoder, snapshot, self._writer)
-        return body, True
-
-    def _cache(self, snapshot: Snapshot) -> None:
-        """Make `snapshot` the cached one: a new generation, no answers yet (lock held)."""
-        if self._snapshot is not snapshot:
-            self._snapshot, self._answers = snapshot, {}
-            self._generation += 1
 
 
 def _encoded(
@@ -250,21 +127,12 @@ def _encoded(
 class Application:
     """The WSGI application routing gpuload's endpoints."""
 
-    def __init__(
-        self,
-        latest: Callable[[], Snapshot | None],
-        telemetry_path: str,
-        front_pid: Callable[[], int] | None = None,
-    ) -> None:
+    def __init__(self, latest: Callable[[], Snapshot | None], telemetry_path: str) -> None:
         self._latest = latest
         self._telemetry_path = telemetry_path
-        self.metrics = MetricsEndpoint(latest, front_pid=front_pid)
+        self.metrics = MetricsEndpoint(latest)
         # The live status page (`/` and /api/v1/status); the plain landing page without one.
         self.status: WsgiApp | None = None
-
-    def prime(self, snapshot: Snapshot) -> None:
-        """Encode a new snapshot for the scrapes expected before the next (see MetricsEndpoint)."""
-        self.metrics.prime(snapshot)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         """Dispatch a request by path."""

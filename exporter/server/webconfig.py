@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import ipaddress
@@ -30,6 +31,7 @@ from typing import Any
 import bcrypt
 
 from exporter.config import ConfigError, load_yaml, parse_bool
+from exporter.server.wsgi import Answer
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +108,6 @@ _BCRYPT = re.compile(rb"^\$2[abxy]?\$(0[4-9]|[12]\d|3[01])\$[./A-Za-z0-9]{53}$")
 # Salt and digest of the hash an unknown user is checked against, so that the answer takes as
 # long as for a known one; its cost is the users' highest (`_unknown_user_hash`).
 _DUMMY_SALT_AND_DIGEST = b"8TU9MagyLROAYZbyi833AeJeVxvMJyKwXBYcnrvj/iecWIVOawNay"
-# A refused request's body up to this size is read before answering: closing a socket with
-# unread data resets the connection, and the client may lose the 401 (Go's server does the same).
-_DRAIN_LIMIT = 256 * 1024
 # Paths that answer without basic auth: see docs/security.md.
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 HANDSHAKE_TIMEOUT = 10.0
@@ -337,6 +336,14 @@ def _context(
             f"cannot load {cert_file} with {key_file} ({_reason(error)}; "
             "an unencrypted PEM key matching the certificate is expected)",
         ) from None
+    _ciphers(context, tree)
+    for name, version in (("min_version", minimum), ("max_version", maximum)):
+        if version < ssl.TLSVersion.TLSv1_2 and not _negotiates(context, version):
+            raise _Problem(
+                f"{key}.{name}",
+                f"{tree[name]} cannot be negotiated with this system's OpenSSL (its security "
+                "level or cipher_suites forbid it): expected TLS12 or TLS13",
+            )
     if client_ca is not None:
         try:
             context.load_verify_locations(cafile=client_ca)
@@ -345,9 +352,41 @@ def _context(
                 f"{key}.client_ca_file", f"cannot load {client_ca} ({_reason(error)})"
             ) from None
     context.verify_mode = _CLIENT_AUTH[client_auth]
-    _ciphers(context, tree)
     context.set_alpn_protocols(["http/1.1"])
     return context
+
+
+def _negotiates(context: ssl.SSLContext, version: ssl.TLSVersion) -> bool:
+    """Whether a handshake at exactly `version` succeeds with `context`, tried in memory.
+
+    OpenSSL takes any minimum_version and then may refuse every client at it: checked here, so
+    that a setting that cannot be honoured stops the start instead of silently doing nothing.
+    """
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client.check_hostname, client.verify_mode = False, ssl.CERT_NONE
+    with contextlib.suppress(ssl.SSLError):
+        client.set_ciphers("ALL:@SECLEVEL=0")  # the client allows anything: the server decides
+    try:
+        client.minimum_version = client.maximum_version = version
+    except (ValueError, ssl.SSLError):
+        return False
+    to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+    ends = [
+        client.wrap_bio(to_client, to_server),
+        context.wrap_bio(to_server, to_client, server_side=True),
+    ]
+    for _ in range(8):  # a TLS 1.0-1.2 handshake takes two round trips
+        for end in list(ends):
+            try:
+                end.do_handshake()
+                ends.remove(end)
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLError:
+                return False
+        if not ends:
+            return True
+    return False
 
 
 def _reason(error: Exception) -> str:
@@ -550,25 +589,31 @@ class Guard:
         self._lock = threading.Lock()
         self._allowed: set[bytes] = set()
 
-    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        """Answer 401 without valid credentials; add the headers to every answer."""
+    def preflight(self, environ: dict[str, Any]) -> Answer | None:
+        """401 without valid credentials, decided on the head, before any body is read."""
         security = self._watcher.current()
-        extra = list(security.headers)
+        guarded = security.users and environ.get("PATH_INFO", "/") not in OPEN_PATHS
+        if guarded and not self._authorized(security, environ.get("HTTP_AUTHORIZATION", "")):
+            headers = [
+                ("WWW-Authenticate", 'Basic realm="gpuload"'),
+                ("Content-Type", "text/plain; charset=utf-8"),
+                *security.headers,
+            ]
+            body = b"unauthorized: send a user and password of basic_auth_users\n"
+            return Answer("401 Unauthorized", headers, body)
+        inner = getattr(self._app, "preflight", None)
+        refused: Answer | None = inner(environ) if inner is not None else None
+        if refused is not None:
+            return refused._replace(headers=[*refused.headers, *security.headers])
+        return None
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        """The application's answer, with the configured headers (`preflight` let it in)."""
+        extra = list(self._watcher.current().headers)
 
         def respond(status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
             return start_response(status, [*headers, *extra], *exc_info)
 
-        guarded = security.users and environ.get("PATH_INFO", "/") not in OPEN_PATHS
-        if guarded and not self._authorized(security, environ.get("HTTP_AUTHORIZATION", "")):
-            _drain(environ)
-            respond(
-                "401 Unauthorized",
-                [
-                    ("WWW-Authenticate", 'Basic realm="gpuload"'),
-                    ("Content-Type", "text/plain; charset=utf-8"),
-                ],
-            )
-            return [b"unauthorized: send a user and password of basic_auth_users\n"]
         return self._app(environ, respond)
 
     def _authorized(self, security: WebSecurity, header: str) -> bool:
@@ -602,12 +647,3 @@ class Guard:
                 self._allowed.clear()
             self._allowed.add(key)
         return True
-
-
-def _drain(environ: Mapping[str, Any]) -> None:
-    try:
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        return
-    if 0 < length <= _DRAIN_LIMIT:
-        environ["wsgi.input"].read(length)

@@ -1,16 +1,20 @@
-"""The HTTP server of `gpuload serve` (its front and its daemon) and of `gpuload relay`.
+"""The HTTP server of `gpuload serve` and of `gpuload relay`: one parser, bounds no client passes.
 
-`Server` binds its address, or adopts a socket that is already listening: `gpuload serve`
-binds in the daemon and serves from its HTTP front process (see `exporter.server.front`).
-One thread per connection, with TLS and basic auth as the web config file says, and bounds
-that a client, authenticated or not, cannot get past (`Connections`):
+One thread per connection, with TLS and basic auth as the web config file says. Framing is read
+strictly (RFC 9112): a head this server could read two ways is refused with a 400, never
+guessed at (see `Handler`). Bounds that a client, authenticated or not, cannot get past
+(`Connections`):
 - at most MAX_CONNECTIONS connections; a new one beyond makes room by closing the connection
-  that has waited longest for a request, or, with none waiting, is answered 503;
+  that has waited longest for its request (head or body), or, with none waiting, is answered
+  503;
 - a request's head and body arrive within REQUEST_TIMEOUT of its connection (or, on a kept-alive
   connection, of its request line), however slowly they trickle in; an idle kept-alive
   connection is closed after KEEP_ALIVE_TIMEOUT;
 - a head of at most MAX_HEAD bytes and MAX_HEADER_LINES lines (431 beyond), a body only with
-  Content-Length, at most `max_body` bytes (413 beyond; the relay checks its own limit).
+  Content-Length, at most `max_body` bytes (413 beyond);
+- authentication, and any refusal the application can make from the head alone (its
+  `preflight`), is decided before a byte of the body is read: a client without credentials
+  never holds a connection while it sends one.
 """
 
 from __future__ import annotations
@@ -18,14 +22,15 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import queue
+import re
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from socketserver import StreamRequestHandler, TCPServer
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
 if TYPE_CHECKING:
@@ -44,11 +49,12 @@ MAX_HEAD = 16 * 1024
 MAX_HEADER_LINES = 100
 # A client that does not read its answer is left after this long.
 SEND_TIMEOUT = 10.0
-# The front's and the daemon's largest request body (they have no use for one).
+# After a refusal, the unread body is read and dropped for this long, up to this much, before
+# the connection closes: closing with unread data resets it, and the client may lose the answer.
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 256 * 1024
+# The exporter's largest request body (it has no use for one); the relay sets its own.
 MAX_BODY = 1 << 20
-
-# What a server's `answer_inline` did with a new connection's first request.
-NOT_ANSWERED, ANSWERED, ANSWERED_AND_CLOSED = 0, 1, 2
 
 _PLAIN = [("Content-Type", "text/plain; charset=utf-8")]
 
@@ -173,6 +179,19 @@ class Connections:
                 self._changed.wait(None if self._sweeper_asleep else 1.0)
 
 
+class Answer(NamedTuple):
+    """A whole answer: status line's status, headers, body."""
+
+    status: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+# An application's `preflight(environ)`: called with a request's head, before its body is
+# read; an Answer refuses the request (unauthorized, too large, wrong method) there and then.
+Preflight = Callable[[dict[str, Any]], Answer | None]
+
+
 class _BadRequest(Exception):
     """A request that is not read: answered with ``status`` and the connection closed."""
 
@@ -181,12 +200,35 @@ class _BadRequest(Exception):
         self.status = status
 
 
-class Handler(StreamRequestHandler):
-    """HTTP/1.1 with keep-alive, as much of it as scrapers, browsers and Alertmanager use.
+# RFC 9110 5.6.2 `token` characters, less "_": CGI's environ names turn "-" into "_", so a
+# header "Content_Length" would otherwise be read as Content-Length (request smuggling).
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^`|~0-9A-Za-z]+")
+_METHOD = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+# Field values and request targets: no control characters but a tab (RFC 9110 5.5).
+_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+_DIGITS = re.compile(rb"[0-9]{1,19}")
+# A Host value: a name, an IPv4 or a bracketed IPv6 address, and an optional port.
+_HOST = re.compile(rb"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~%!$&'()*+,;=]*)(:[0-9]*)?")
+_BAD = "400 Bad Request"
 
-    A request line, header lines and a body of Content-Length bytes, handed to the WSGI
-    application, whose answer is sent whole with its length. wsgiref's handler took ~230 µs
-    of CPU per scrape (its header parser is the email package's) and reads heads unbounded.
+
+@dataclass
+class _Request:
+    """A request's head, parsed: its WSGI environ and how to read and answer it."""
+
+    environ: dict[str, Any]
+    keep_alive: bool
+    length: int
+    expects_continue: bool
+
+
+class Handler(StreamRequestHandler):
+    """HTTP/1.1 with keep-alive, strict on framing (RFC 9112), bounded by `Connections`.
+
+    A request line and header lines; the application's preflight on them; then a body of
+    Content-Length bytes, read whole by the request's deadline; then the WSGI application,
+    whose answer is sent whole with its length, in one write. One parser for every request:
+    a head this server reads one way is never read another way by another path.
     """
 
     timeout = KEEP_ALIVE_TIMEOUT  # each read; the deadlines above are shorter
@@ -202,17 +244,45 @@ class Handler(StreamRequestHandler):
                 head = self._read_head(held)
                 if head is None:
                     return
-                environ, keep_alive, body = self._environ(*head)
+                lines, deadline = head
+                request = self._parse(lines)
             except _BadRequest as error:
-                self._send("GET", error.status, _PLAIN, f"{error}\n".encode(), False)
+                self._send("GET", Answer(error.status, _PLAIN, f"{error}\n".encode()), False)
+                self._linger()
                 return
             except OSError:  # reset, shut down, or idle past the timeout
                 return
+            environ = request.environ
+            method = environ["REQUEST_METHOD"]
+            refused = self._preflight(request)
+            if refused is not None:
+                # The body is never read: the connection goes on only if it has none.
+                keep_alive = request.keep_alive and request.length == 0
+                self._send(method, refused, keep_alive and not connections.closed)
+                if not keep_alive:
+                    self._linger()
+                    return
+                connections.idle(held)
+                continue
+            try:
+                if request.expects_continue and request.length:
+                    self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                body = self._read_body(request.length, deadline)
+            except OSError:
+                return
+            if body is None:
+                timeout = Answer("408 Request Timeout", _PLAIN, b"the body came too slowly\n")
+                self._send(method, timeout, False)
+                self._linger()
+                return
+            environ["wsgi.input"] = io.BytesIO(body)
+            # Only now, the request whole, does the connection stop waiting: while its head or
+            # body trickles in, it may be closed to make room for another.
             connections.answering(held)
-            status, headers, answer = self._run(environ)
-            keep_alive = keep_alive and body.whole() and not connections.closed
+            answer = self._run(environ)
+            keep_alive = request.keep_alive and not connections.closed
             self.connection.settimeout(SEND_TIMEOUT)
-            self._send(environ["REQUEST_METHOD"], status, headers, answer, keep_alive)
+            self._send(method, answer, keep_alive)
             if not keep_alive:
                 return
             self.connection.settimeout(self.timeout)
@@ -235,29 +305,45 @@ class Handler(StreamRequestHandler):
             left -= len(line)
             if not line.endswith(b"\n"):
                 if lines or line:
-                    raise _BadRequest("400 Bad Request", "the request ended early")
+                    raise _BadRequest(_BAD, "the request ended early")
                 return None
-            if line in (b"\r\n", b"\n"):
+            # CRLF ends a line; a bare LF is accepted, a bare CR is not (RFC 9112 2.2).
+            line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
+            if b"\r" in line:
+                raise _BadRequest(_BAD, "a bare CR in the head")
+            if not line:
                 if lines:
                     return lines, deadline
                 continue  # an empty line before the request line is ignored (RFC 9112)
             if not lines:
                 deadline = self.server.connections.request_started(held)
-            lines.append(line.rstrip(b"\r\n"))
+            lines.append(line)
             if len(lines) > MAX_HEADER_LINES:
                 raise _BadRequest(
                     "431 Request Header Fields Too Large",
                     f"more than {MAX_HEADER_LINES} header lines",
                 )
 
-    def _environ(self, lines: list[bytes], deadline: float) -> tuple[dict[str, Any], bool, _Body]:
-        parts = lines[0].decode("iso-8859-1").split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            raise _BadRequest("400 Bad Request", "not an HTTP/1 request line")
-        method, target, version = parts
+    def _parse(self, lines: list[bytes]) -> _Request:
+        """The request's environ, or a _BadRequest naming the first rule it breaks."""
+        method, target, version = _request_line(lines[0])
+        fields = _fields(lines[1:])
+        if version == "HTTP/1.1" and "HTTP_HOST" not in fields:
+            raise _BadRequest(_BAD, "an HTTP/1.1 request without Host")
+        if "HTTP_TRANSFER_ENCODING" in fields:
+            if "CONTENT_LENGTH" in fields:
+                raise _BadRequest(_BAD, "both Content-Length and Transfer-Encoding")
+            raise _BadRequest("411 Length Required", "a body must come with Content-Length")
+        length = int(fields.get("CONTENT_LENGTH", "0"))
+        expectation = fields.get("HTTP_EXPECT", "")
+        # An HTTP/1.0 client cannot wait for a 100: its expectation is ignored (RFC 9110).
+        expects_continue = version == "HTTP/1.1" and bool(expectation)
+        if expects_continue and expectation.lower() != "100-continue":
+            raise _BadRequest("417 Expectation Failed", f"cannot meet Expect: {expectation}")
         path, _, query = target.partition("?")
         tls = hasattr(self.connection, "getpeercert")
         environ: dict[str, Any] = dict(self.server.base_environ)
+        environ.update(fields)
         environ.update(
             {
                 "REQUEST_METHOD": method,
@@ -275,29 +361,51 @@ class Handler(StreamRequestHandler):
         )
         if tls:
             environ["HTTPS"] = "on"
-        for line in lines[1:]:
-            name, colon, value = line.decode("iso-8859-1").partition(":")
-            if not colon or not name or name != name.strip():
-                raise _BadRequest("400 Bad Request", "a header line without a name")
-            key = name.upper().replace("-", "_")
-            if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
-                key = f"HTTP_{key}"
-            value = value.strip()
-            environ[key] = f"{environ[key]},{value}" if environ.get(key) else value
-        if "HTTP_TRANSFER_ENCODING" in environ:
-            raise _BadRequest("400 Bad Request", "a body must come with Content-Length")
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            raise _BadRequest("400 Bad Request", "Content-Length is not a number") from None
-        limit = self.server.max_body
-        if length < 0 or (limit is not None and length > limit):
-            raise _BadRequest("413 Content Too Large", f"a body of {length} bytes, over {limit}")
-        body = _Body(self.rfile, self.connection, length, deadline)
-        environ["wsgi.input"] = body
-        return environ, keeps_alive(version, environ.get("HTTP_CONNECTION", "")), body
+        keep_alive = keeps_alive(version, fields.get("HTTP_CONNECTION", ""))
+        return _Request(environ, keep_alive, length, expects_continue)
 
-    def _run(self, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
+    def _preflight(self, request: _Request) -> Answer | None:
+        """The application's refusal from the head alone, or the server's for a large body."""
+        preflight = self.server.preflight
+        refused = preflight(request.environ) if preflight is not None else None
+        limit = self.server.max_body
+        if refused is None and request.length > limit:
+            reason = f"a body of {request.length} bytes, over {limit}\n"
+            refused = Answer("413 Content Too Large", _PLAIN, reason.encode())
+        return refused
+
+    def _read_body(self, length: int, deadline: float) -> bytes | None:
+        """The body's `length` bytes; None if they have not all come by `deadline`."""
+        chunks, left = [], length
+        while left > 0:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            self.connection.settimeout(remaining)
+            try:
+                chunk = self.rfile.read1(left)
+            except TimeoutError:
+                return None
+            if not chunk:
+                raise ConnectionResetError("the client closed mid-body")
+            chunks.append(chunk)
+            left -= len(chunk)
+        self.connection.settimeout(self.timeout)
+        return b"".join(chunks)
+
+    def _linger(self) -> None:
+        """Read and drop what the client still sends, briefly, so that it reads our answer."""
+        with contextlib.suppress(OSError, ValueError):
+            self.connection.shutdown(socket.SHUT_WR)
+            deadline, left = time.monotonic() + LINGER_SECONDS, LINGER_BYTES
+            while left > 0 and (remaining := deadline - time.monotonic()) > 0:
+                self.connection.settimeout(remaining)
+                dropped = len(self.rfile.read1(min(left, 65536)))
+                if not dropped:
+                    return
+                left -= dropped
+
+    def _run(self, environ: dict[str, Any]) -> Answer:
         started: list[Any] = []
 
         def start_response(status: str, headers: list[tuple[str, str]], *_: Any) -> Any:
@@ -313,79 +421,71 @@ class Handler(StreamRequestHandler):
                     result.close()
         except Exception:  # one failed request must not end the server
             log.exception("answering %s failed", environ.get("PATH_INFO"))
-            return "500 Internal Server Error", _PLAIN, b"internal error\n"
-        return started[0], started[1], body
+            return Answer("500 Internal Server Error", _PLAIN, b"internal error\n")
+        return Answer(started[0], started[1], body)
 
-    def _send(
-        self,
-        method: str,
-        status: str,
-        headers: list[tuple[str, str]],
-        body: bytes,
-        keep_alive: bool,
-    ) -> None:
-        self.wfile.write(response(method, status, headers, body, keep_alive))
+    def _send(self, method: str, answer: Answer, keep_alive: bool) -> None:
+        self.wfile.write(response(method, *answer, keep_alive))
 
 
-class _Body(io.RawIOBase):
-    """A request's body as `wsgi.input`: its Content-Length bytes, by the request's deadline.
+def _request_line(line: bytes) -> tuple[str, str, str]:
+    """Method, target and version of a request line (RFC 9112 3)."""
+    parts = line.split(b" ")
+    if len(parts) != 3 or not _METHOD.fullmatch(parts[0]):
+        raise _BadRequest(_BAD, "not a request line: METHOD TARGET HTTP/1.1 expected")
+    method, target, version = (part.decode("iso-8859-1") for part in parts)
+    if version not in ("HTTP/1.0", "HTTP/1.1"):
+        if re.fullmatch(r"HTTP/[0-9]\.[0-9]", version):
+            raise _BadRequest("505 HTTP Version Not Supported", f"{version}: HTTP/1.1 expected")
+        raise _BadRequest(_BAD, "not a request line: METHOD TARGET HTTP/1.1 expected")
+    if _CONTROL.search(parts[1]) or b"\t" in parts[1]:
+        raise _BadRequest(_BAD, "a control character in the request target")
+    if target.startswith(("http://", "https://")):
+        # The absolute form (to a proxy): its path is the target, its authority the host.
+        target = "/" + target.split("/", 3)[3] if target.count("/") >= 3 else "/"
+    elif not (target.startswith("/") or (target == "*" and method == "OPTIONS")):
+        raise _BadRequest(_BAD, f"a request target must start with /, not {target[:40]!r}")
+    return method, target, version
 
-    A body that has not come by then reads short (the application answers it) and the
-    connection is closed after the answer.
-    """
 
-    def __init__(self, rfile: Any, connection: socket.socket, length: int, deadline: float):
-        super().__init__()
-        self._rfile = rfile
-        self._connection = connection
-        self._left = length
-        self._deadline = deadline
-        self._broken = False
-
-    def readable(self) -> bool:
-        return True
-
-    def whole(self) -> bool:
-        """Whether the body was read to its end (else the connection cannot go on)."""
-        return self._left == 0 and not self._broken
-
-    def readinto(self, buffer: Any) -> int:
-        if self._left <= 0 or self._broken:
-            return 0
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            self._broken = True
-            return 0
-        self._connection.settimeout(remaining)
-        try:
-            chunk = self._rfile.read1(min(len(buffer), self._left))
-        except OSError:
-            chunk = b""
-        if not chunk:
-            self._broken = True
-            return 0
-        buffer[: len(chunk)] = chunk
-        self._left -= len(chunk)
-        return len(chunk)
-
-    def read(self, size: int | None = -1) -> bytes:
-        """Up to ``size`` bytes (all of the body when negative), fewer if it stops coming."""
-        wanted = self._left if size is None or size < 0 else min(size, self._left)
-        chunks = []
-        while wanted > 0:
-            chunk = super().read(wanted)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            wanted -= len(chunk)
-        return b"".join(chunks)
+def _fields(lines: list[bytes]) -> dict[str, str]:
+    """Header lines as WSGI environ keys and values; a _BadRequest for a malformed one."""
+    fields: dict[str, str] = {}
+    for line in lines:
+        name, colon, value = line.partition(b":")
+        if not colon or not _TOKEN.fullmatch(name):
+            if line[:1] in (b" ", b"\t"):
+                raise _BadRequest(_BAD, "a folded header line (obsolete, RFC 9112 5.2)")
+            shown = name[:40].decode("iso-8859-1")
+            raise _BadRequest(
+                _BAD, f"a header name must be letters, digits and !#$%&'*+-.^`|~: {shown!r}"
+            )
+        value = value.strip(b" \t")
+        if _CONTROL.search(value):
+            raise _BadRequest(_BAD, "a control character in a header value")
+        key = name.decode("ascii").upper().replace("-", "_")
+        if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            key = f"HTTP_{key}"
+        text = value.decode("iso-8859-1")
+        if key in fields:
+            if key in ("CONTENT_LENGTH", "HTTP_HOST"):
+                raise _BadRequest(_BAD, f"more than one {name.decode('ascii')}")
+            fields[key] = f"{fields[key]},{text}" if fields[key] else text
+        else:
+            fields[key] = text
+    if "CONTENT_LENGTH" in fields and not _DIGITS.fullmatch(fields["CONTENT_LENGTH"].encode()):
+        raise _BadRequest(_BAD, "Content-Length must be one number of at most 19 digits")
+    if "HTTP_HOST" in fields and not _HOST.fullmatch(fields["HTTP_HOST"].encode("latin-1")):
+        raise _BadRequest(_BAD, "Host is not a host name or address with an optional port")
+    return fields
 
 
 def keeps_alive(version: str, connection: str) -> bool:
     """Whether the connection stays open after this request (HTTP/1.1: unless told to close)."""
+    tokens = {token.strip().lower() for token in connection.split(",")}
     if version == "HTTP/1.1":
-        return "close" not in connection.lower()
-    return "keep-alive" in connection.lower()
+        return "close" not in tokens
+    return "keep-alive" in tokens
 
 
 def response(
@@ -419,34 +519,14 @@ class _ThreadingServer(TCPServer):
     request_queue_size = 128
     # Set when the web config turns TLS on.
     watcher: Watcher | None = None
-    # Threads that finished a connection wait for the next one instead of exiting: starting a
-    # thread makes the accepting thread wait until the new one has run, a wait for the GIL
-    # that grows with load, paid by a relay on every notification.
-    max_spare_threads = 32
-    # None: the application reads and judges the body's length (the relay's own limit).
-    max_body: int | None = MAX_BODY
+    max_body: int = MAX_BODY
     application: WsgiApp
+    preflight: Preflight | None = None
 
-    def __init__(
-        self, address: tuple[str, int], handler: Any, listener: socket.socket | None = None
-    ) -> None:
-        self._spare_lock = threading.Lock()
-        self._spare = 0
-        self._closed = False
-        self._handoff: queue.SimpleQueue[tuple[Any, Any, Connection] | None] = queue.SimpleQueue()
-        self._listener = listener
+    def __init__(self, address: tuple[str, int], handler: Any) -> None:
         self._local = threading.local()
         self.connections = Connections()
         super().__init__(address, handler)
-
-    def server_bind(self) -> None:
-        """Bind the address, or take over the socket already listening."""
-        if self._listener is None:
-            super().server_bind()
-        else:
-            self.socket.close()
-            self.socket = self._listener
-            self.server_address = self.socket.getsockname()
         host, port = self.server_address[:2]
         # What every request's WSGI environ starts from.
         self.base_environ = {
@@ -456,46 +536,25 @@ class _ThreadingServer(TCPServer):
             "SCRIPT_NAME": "",
         }
 
-    def server_activate(self) -> None:
-        """Listen, unless the adopted socket already does."""
-        if self._listener is None:
-            super().server_activate()
-
-    # Answers a new connection's first request on the accepting thread when it can (the
-    # HTTP front's held /metrics answers): returns NOT_ANSWERED, ANSWERED (the connection's
-    # next requests are read on a thread as usual) or ANSWERED_AND_CLOSED. Never over TLS.
-    answer_inline: Callable[[socket.socket], int] | None = None
-
     def current(self) -> Connection:
         """The connection the calling thread serves."""
         held: Connection = self._local.held
         return held
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        """Serve the connection on a spare thread, or on a new one when none is waiting."""
-        # No handoff to another thread for the common scrape: under load each one was a wait
-        # for a core, and most of the 10-concurrent-scraper tail (bench/OPTIMIZATIONS.md).
-        # Answered here, a connection holds nothing: it is held only if it goes on.
-        inline = self.answer_inline if self.watcher is None else None
-        answered = NOT_ANSWERED if inline is None else inline(request)
-        if answered == ANSWERED_AND_CLOSED:
-            self.shutdown_request(request)
-            return
+        """Serve the connection on a thread of its own, if there is room for it."""
         held = self.connections.admit(request)
         if held is None:
             # Full of connections being answered: a plain client is told so, TLS is closed.
-            if self.watcher is None and answered == NOT_ANSWERED:
+            if self.watcher is None:
                 with contextlib.suppress(OSError):
                     request.send(_FULL, socket.MSG_DONTWAIT)
             self.shutdown_request(request)
             return
-        if answered == ANSWERED:
-            self.connections.idle(held)
-        with self._spare_lock:
-            if self._spare:
-                self._spare -= 1
-                self._handoff.put((request, client_address, held))
-                return
+        # Each answer is one write; without this, Nagle's algorithm holds the last segment of
+        # a TLS record until the client's delayed ACK (~40 ms per scrape).
+        with contextlib.suppress(OSError):
+            request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         threading.Thread(
             target=self._serve,
             args=(request, client_address, held),
@@ -504,23 +563,14 @@ class _ThreadingServer(TCPServer):
         ).start()
 
     def _serve(self, request: Any, client_address: Any, held: Connection) -> None:
-        while True:
-            self._local.held = held
-            try:
-                self.finish_request(request, client_address)
-            except Exception:  # noqa: BLE001 (handle_error logs it; the thread goes on)
-                self.handle_error(request, client_address)
-            finally:
-                self.connections.leave(held)
-                self.shutdown_request(request)
-            with self._spare_lock:
-                if self._closed or self._spare >= self.max_spare_threads:
-                    return
-                self._spare += 1
-            connection = self._handoff.get()
-            if connection is None:
-                return
-            request, client_address, held = connection
+        self._local.held = held
+        try:
+            self.finish_request(request, client_address)
+        except Exception:  # noqa: BLE001 (handle_error logs it)
+            self.handle_error(request, client_address)
+        finally:
+            self.connections.leave(held)
+            self.shutdown_request(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A connection that failed: a log line, never socketserver's traceback on stderr.
@@ -537,14 +587,9 @@ class _ThreadingServer(TCPServer):
             log.error("connection from %s failed", peer, exc_info=error)
 
     def server_close(self) -> None:
-        """Close the socket, shut the connections down and let the spare threads end."""
+        """Close the socket and shut down the connections waiting for a request."""
         super().server_close()
         self.connections.close()
-        with self._spare_lock:
-            self._closed = True
-            for _ in range(self._spare):
-                self._handoff.put(None)
-            self._spare = 0
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         """Serve one connection; over TLS, the handshake happens here, in its own thread."""
@@ -580,13 +625,13 @@ class Server:
         app: WsgiApp,
         security: WebSecurity | None = None,
         *,
-        listener: socket.socket | None = None,
-        max_body: int | None = MAX_BODY,
+        max_body: int = MAX_BODY,
         poll_interval: float = 0.2,
     ) -> None:
-        """Bind (or take ``listener``); serving starts with `start`.
+        """Bind; serving starts with `start`.
 
-        ``max_body``: the largest request body read, None to leave it to the application.
+        ``app`` may have a `preflight` (see `Preflight`), called before a request's body is
+        read. ``max_body``: the largest request body read (413 beyond, after the preflight).
         ``poll_interval``: how often the serving thread wakes to see whether `stop` was
         called, and so the longest `stop` waits for it (each wake costs CPU even when idle).
         """
@@ -594,13 +639,14 @@ class Server:
         server_class = _ThreadingServerV6 if ":" in host else _ThreadingServer
         watcher = None
         if security is not None:
-            # Imported here: bcrypt and yaml stay out of a front process without a web config.
+            # Imported here: bcrypt stays out of a process without a web config.
             from exporter.server.webconfig import Guard, Watcher
 
             watcher = Watcher(security)
             app = Guard(app, watcher)
-        self._httpd = server_class((host, port), Handler, listener)
+        self._httpd = server_class((host, port), Handler)
         self._httpd.application = app
+        self._httpd.preflight = getattr(app, "preflight", None)
         self._httpd.max_body = max_body
         if watcher is not None and watcher.tls:
             self._httpd.watcher = watcher
@@ -610,15 +656,6 @@ class Server:
             kwargs={"poll_interval": poll_interval},
             daemon=True,
         )
-
-    def answer_inline(self, answer: Callable[[socket.socket], int]) -> None:
-        """Let ``answer`` try each new connection's first request on the accepting thread."""
-        self._httpd.answer_inline = answer
-
-    @property
-    def httpd(self) -> _ThreadingServer:
-        """The server, for connections handed over from elsewhere (`process_request`)."""
-        return self._httpd
 
     @property
     def url(self) -> str:
