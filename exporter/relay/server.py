@@ -29,7 +29,7 @@ from exporter.relay.config import AuthConfig
 from exporter.relay.metrics import RelayMetrics
 from exporter.relay.queue import Queue
 from exporter.relay.routes import Route, targets_for
-from exporter.server.wsgi import Answer
+from exporter.server.wsgi import Answer, refused_unless_preflighted
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +168,10 @@ class RelayApplication:
         return None
 
     def _notification(self, environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
-        # The server has called `preflight`, and read the body whole.
-        body = environ["wsgi.input"].read()
+        refused = refused_unless_preflighted(self.preflight, environ, start_response)
+        if refused is not None:
+            return refused
+        body = environ["wsgi.input"].read(int(environ["CONTENT_LENGTH"]))
         try:
             notification = payload.parse(body)
         except payload.PayloadError as error:

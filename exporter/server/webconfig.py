@@ -31,7 +31,7 @@ from typing import Any
 import bcrypt
 
 from exporter.config import ConfigError, load_yaml, parse_bool
-from exporter.server.wsgi import Answer
+from exporter.server.wsgi import Answer, refused_unless_preflighted
 
 log = logging.getLogger(__name__)
 
@@ -608,13 +608,14 @@ class Guard:
         return None
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        """The application's answer, with the configured headers (`preflight` let it in)."""
+        """The application's answer, with the configured headers, once `preflight` let it in."""
         extra = list(self._watcher.current().headers)
 
         def respond(status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
             return start_response(status, [*headers, *extra], *exc_info)
 
-        return self._app(environ, respond)
+        refused = refused_unless_preflighted(self.preflight, environ, start_response)
+        return self._app(environ, respond) if refused is None else refused
 
     def _authorized(self, security: WebSecurity, header: str) -> bool:
         scheme, _, encoded = header.strip().partition(" ")

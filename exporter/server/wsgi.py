@@ -190,6 +190,24 @@ class Answer(NamedTuple):
 # An application's `preflight(environ)`: called with a request's head, before its body is
 # read; an Answer refuses the request (unauthorized, too large, wrong method) there and then.
 Preflight = Callable[[dict[str, Any]], Answer | None]
+# Set in the environ once this server has run the application's preflight.
+PREFLIGHTED = "gpuload.preflighted"
+
+
+def refused_unless_preflighted(
+    preflight: Preflight, environ: dict[str, Any], start_response: StartResponse
+) -> list[bytes] | None:
+    """The preflight's refusal where no server ran it (another WSGI server), else None.
+
+    Then the body is read already: the check comes late, but it is never skipped.
+    """
+    if environ.get(PREFLIGHTED):
+        return None
+    refused = preflight(environ)
+    if refused is None:
+        return None
+    start_response(refused.status, refused.headers)
+    return [refused.body]
 
 
 class _BadRequest(Exception):
@@ -276,6 +294,7 @@ class Handler(StreamRequestHandler):
                 self._linger()
                 return
             environ["wsgi.input"] = io.BytesIO(body)
+            environ[PREFLIGHTED] = True
             # Only now, the request whole, does the connection stop waiting: while its head or
             # body trickles in, it may be closed to make room for another.
             connections.answering(held)
@@ -434,10 +453,12 @@ def _request_line(line: bytes) -> tuple[str, str, str]:
     if len(parts) != 3 or not _METHOD.fullmatch(parts[0]):
         raise _BadRequest(_BAD, "not a request line: METHOD TARGET HTTP/1.1 expected")
     method, target, version = (part.decode("iso-8859-1") for part in parts)
-    if version not in ("HTTP/1.0", "HTTP/1.1"):
-        if re.fullmatch(r"HTTP/[0-9]\.[0-9]", version):
-            raise _BadRequest("505 HTTP Version Not Supported", f"{version}: HTTP/1.1 expected")
+    if not re.fullmatch(r"HTTP/[0-9]\.[0-9]", version):
         raise _BadRequest(_BAD, "not a request line: METHOD TARGET HTTP/1.1 expected")
+    if not version.startswith("HTTP/1."):
+        raise _BadRequest("505 HTTP Version Not Supported", f"{version}: HTTP/1.1 expected")
+    if version != "HTTP/1.0":
+        version = "HTTP/1.1"  # a later 1.x is read as the highest this server speaks (RFC 9110)
     if _CONTROL.search(parts[1]) or b"\t" in parts[1]:
         raise _BadRequest(_BAD, "a control character in the request target")
     if target.startswith(("http://", "https://")):
