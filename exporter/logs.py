@@ -25,29 +25,6 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
-class RepeatFilter(logging.Filter):
-    """Let a message through once per `interval` seconds.
-
-    APScheduler warns on every cycle it skips because the previous one still runs; on a
-    starved CPU that would be a line per second. gpuload_collection_duration_seconds shows
-    the slow cycles; the log needs to say it only now and then.
-    """
-
-    def __init__(self, interval: float = 600.0) -> None:
-        super().__init__()
-        self._interval = interval
-        self._last: dict[str, float] = {}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        """True for the first record of its kind in each interval."""
-        key = str(record.msg)
-        last = self._last.get(key)
-        if last is not None and record.created - last < self._interval:
-            return False
-        self._last[key] = record.created
-        return True
-
-
 def setup(level: str, fmt: str) -> None:
     """Send the root logger's records to stderr in the chosen format."""
     handler = logging.StreamHandler(sys.stderr)
@@ -58,8 +35,3 @@ def setup(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # APScheduler logs every job run at info; only its problems matter here.
-    scheduler = logging.getLogger("apscheduler")
-    scheduler.setLevel(logging.WARNING)
-    if not any(isinstance(f, RepeatFilter) for f in scheduler.filters):
-        scheduler.addFilter(RepeatFilter())

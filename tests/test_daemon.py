@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import logging
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -150,34 +150,24 @@ def test_metrics_appear_when_the_driver_loads(daemon_factory, tmp_path) -> None:
     assert daemon.log().count("NVML initialisation failed") == 1
 
 
-def test_repeated_scheduler_warnings_are_let_through_once_per_interval() -> None:
-    from exporter.logs import RepeatFilter
-
-    repeat = RepeatFilter(interval=600)
-
-    def record(created: float) -> logging.LogRecord:
-        entry = logging.LogRecord(
-            "apscheduler.scheduler",
-            logging.WARNING,
-            "",
-            0,
-            "Execution of job %s skipped",
-            ("collect",),
-            None,
-        )
-        entry.created = created
-        return entry
-
-    assert [repeat.filter(record(t)) for t in (0, 1, 2, 599, 601)] == [
-        True,
-        False,
-        False,
-        False,
-        True,
-    ]
-
-
 def test_listening_on_every_interface_says_so(daemon_factory: Callable[..., Daemon]) -> None:
     port = free_port()
     daemon = daemon_factory("--simulate", "idle", "--web.listen-address", f":{port}")
     assert f"listening on http://127.0.0.1:{port}/ on every interface" in daemon.log()
+
+
+def test_collection_goes_on_after_a_failed_cycle_and_ends_when_stopped() -> None:
+    from exporter.server.daemon import _collect_until
+
+    stop = threading.Event()
+    calls: list[int] = []
+
+    def cycle() -> None:
+        calls.append(len(calls))
+        if len(calls) == 1:
+            raise RuntimeError("a collector's bug")
+        if len(calls) == 3:
+            stop.set()
+
+    _collect_until(stop, 0.01, cycle)
+    assert calls == [0, 1, 2]

@@ -17,14 +17,14 @@ from pathlib import Path
 
 from helpers import ROOT
 
-# The most threads the exporter may have: one collection worker per GPU (16), the main thread,
-# the scheduler and its executor thread, the HTTP server's accepting thread, the deadlines of the
-# connections it serves, the XID event thread, the scrape's connection thread, and the thread of
-# the scrape before it: the scraper opens its next connection as soon as it has read an answer,
-# while the server's side of the last one may still be closing (on a loaded machine, often). A
-# hung call holds its GPU's worker without a new one being started; a pile-up would break the
-# bound within a fault or two.
-MAX_THREADS = 16 + 8
+# The most threads the exporter may have: one collection worker per GPU (16), the main thread
+# (which runs the cycles), the HTTP server's accepting thread, the deadlines of the connections
+# it serves, the XID event thread, the scrape's connection thread, and the thread of the scrape
+# before it: the scraper opens its next connection as soon as it has read an answer, while the
+# server's side of the last one may still be closing (on a loaded machine, often). A hung call
+# holds its GPU's worker without a new one being started; a pile-up would break the bound within
+# a fault or two.
+MAX_THREADS = 16 + 6
 
 
 def test_short_soak_loses_nothing_and_survives_every_fault(tmp_path: Path) -> None:

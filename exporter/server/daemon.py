@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import datetime
 import gc
 import logging
+import math
 import os
 import signal
 import sys
@@ -14,9 +14,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
-
-from apscheduler.executors.pool import ThreadPoolExecutor
-from apscheduler.schedulers.background import BackgroundScheduler
 
 from exporter.alerting.local import LocalAlerting
 from exporter.collection import Collection, Snapshot
@@ -126,6 +123,25 @@ def _run_cycle(collection: Collection, alerting: LocalAlerting | None) -> Snapsh
     return snapshot
 
 
+def _collect_until(stop: threading.Event, interval: float, cycle: Callable[[], object]) -> None:
+    """Run `cycle` every `interval` seconds, at once first, until `stop` is set.
+
+    Cycles never overlap: one that ran past the next due time is followed at the first due time
+    still ahead (the ones it missed are skipped, not run back to back to catch up).
+    """
+    due = time.monotonic()
+    while not stop.is_set():
+        try:
+            cycle()
+        except Exception:  # one failed cycle must not end collection
+            log.exception("collection cycle failed")
+        now = time.monotonic()
+        due += interval
+        if due <= now:
+            due += math.ceil((now - due) / interval + 1e-9) * interval
+        stop.wait(due - now)
+
+
 def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     """Run the exporter until SIGTERM/SIGINT (or `stop` is set); returns the exit code."""
     # Retries and slow reads are scheduled on the node's clock: the simulated node's when
@@ -179,27 +195,12 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    # One thread runs the cycles: the default pool of 10 could start another on a busy machine.
-    scheduler = BackgroundScheduler(daemon=True, executors={"default": ThreadPoolExecutor(1)})
-    # One job, never overlapping: a slow cycle delays the next instead of stacking.
-    scheduler.add_job(
-        _run_cycle,
-        "interval",
-        args=(collection, alerting),
-        seconds=config.collect_interval,
-        id="collect",
-        max_instances=1,
-        coalesce=True,
-        misfire_grace_time=None,
-        next_run_time=datetime.datetime.now(datetime.timezone.utc),
-    )
     enabled = sorted(name for name, on in config.collectors.items() if on)
     if alerting is not None:
         alerting.start()
     # Everything imported and built so far lives as long as the process: out of the cyclic
     # collector's way, its full collections no longer walk it (bench/OPTIMIZATIONS.md, 37).
     gc.freeze()
-    scheduler.start()
     server.start()
     host = config.web.listen_address.rpartition(":")[0].strip("[]")
     log.info(
@@ -218,12 +219,9 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
             ", ".join(config.alerting.delivery.targets),
             config.alerting.delivery.queue.path,
         )
-    # Python runs a signal's handler on the main thread, and only once that thread wakes: a
-    # SIGTERM the kernel hands to another thread would otherwise wait for ever.
-    while not stop.wait(1.0):
-        pass
+    # The main thread collects: Python runs a signal's handler there, between two waits.
+    _collect_until(stop, config.collect_interval, lambda: _run_cycle(collection, alerting))
     server.stop()
-    scheduler.shutdown(wait=False)
     if alerting is not None:
         alerting.stop()
     collection.close()
