@@ -246,7 +246,7 @@ class Exporter:
         return "\n".join(self._log.read_text(errors="replace").splitlines()[-20:])
 
     def cpu_seconds(self) -> float:
-        """CPU time of the daemon and the processes it started (its HTTP front)."""
+        """CPU time of the daemon and any process it started."""
         return sum(_cpu_seconds(pid) for pid in _process_tree(self.process.pid))
 
     def stop(self) -> None:

@@ -63,11 +63,30 @@ def _body(answer: bytes) -> bytes:
         raise RuntimeError(f"answered {status_line!r}")
     headers = dict(line.lower().split(":", 1) for line in header_lines if ":" in line)
     if "chunked" in headers.get("transfer-encoding", ""):
-        raise RuntimeError("answered with a chunked body, which this client does not read")
+        # gunicorn's answer to an application that gives no Content-Length (bench/servers.py).
+        return _unchunked(body)
     length = headers.get("content-length")
     if length is not None and int(length) != len(body):
         raise RuntimeError(f"answered {len(body)} of {int(length)} bytes")
     return body
+
+
+def _unchunked(body: bytes) -> bytes:
+    """A chunked body's data; an error unless it ends with its last (empty) chunk."""
+    data: list[bytes] = []
+    at = 0
+    while True:
+        line_end = body.find(b"\r\n", at)
+        if line_end < 0:
+            raise RuntimeError("answered a chunked body cut short")
+        size = int(body[at:line_end].split(b";", 1)[0], 16)
+        if size == 0:
+            return b"".join(data)
+        start = line_end + 2
+        if len(body) < start + size + 2:
+            raise RuntimeError("answered a chunked body cut short")
+        data.append(body[start : start + size])
+        at = start + size + 2
 
 
 def scrape_latencies(port: int, scrapers: int, per_scraper: int) -> list[float]:

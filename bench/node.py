@@ -50,9 +50,11 @@ def ensure_peers() -> Path:
     return PEERS
 
 
-def peer_version(package: str) -> str:
-    """The installed version of a package in the peers' venv."""
-    python = PEERS / "bin" / "python"
+def peer_version(package: str, venv: Path = PEERS) -> str:
+    """The installed version of a package in the peers' venv (or in ``venv``)."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        return "?"
     code = f"import importlib.metadata as m; print(m.version({package!r}))"
     done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=False)
     return done.stdout.strip() or "?"
@@ -107,7 +109,50 @@ class SimulatorCounters:
     cpu_seconds: float  # CPU time its calls took on the daemon's threads
 
 
-class Daemon:
+class ProcessTree:
+    """A process and the processes it started, measured from ``/proc``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def processes(self) -> list[int]:
+        """The process and the processes it started (gunicorn's worker), by pid."""
+        pids, index = [self.pid], 0
+        while index < len(pids):
+            # Each thread has its own list of the children it started.
+            for children in Path(f"/proc/{pids[index]}/task").glob("*/children"):
+                pids += [int(child) for child in _read(children).split()]
+            index += 1
+        return pids
+
+    def usage(self) -> Usage:
+        """CPU seconds (user + system, all threads) the processes used so far."""
+        ticks = 0
+        for pid in self.processes():
+            stat = _read(Path(f"/proc/{pid}/stat"))
+            fields = stat.rpartition(")")[2].split()
+            # Fields 14 and 15 of proc(5), counted after the command name's closing parenthesis.
+            ticks += int(fields[11]) + int(fields[12]) if fields else 0
+        return Usage(ticks / CLOCK_TICKS, time.monotonic())
+
+    def peak_rss_bytes(self) -> int:
+        """The peak resident set sizes (VmHWM) of the processes, added up.
+
+        Pages the processes share (the interpreter, libraries) count once per process here.
+        """
+        return sum(_status_kib(pid, "VmHWM:") for pid in self.processes()) * 1024
+
+    def pss_bytes(self) -> int:
+        """Their proportional set sizes now: shared pages split between the processes."""
+        total = 0
+        for pid in self.processes():
+            for line in _read(Path(f"/proc/{pid}/smaps_rollup")).splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+        return total
+
+
+class Daemon(ProcessTree):
     """An exporter started under ``gpuload sim exec`` on one scenario."""
 
     def __init__(self, name: str, scenario: Path, command: list[str], port: int) -> None:
@@ -138,7 +183,7 @@ class Daemon:
             self._launcher = subprocess.Popen(
                 argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self._workdir
             )
-        self.pid = self._child_pid()
+        super().__init__(self._child_pid())
 
     @property
     def url(self) -> str:
@@ -175,42 +220,6 @@ class Daemon:
                 pass
             time.sleep(0.1)
         raise RuntimeError(f"{self.name} not ready after {timeout:.0f}s:\n{self.log_tail()}")
-
-    def processes(self) -> list[int]:
-        """The daemon and the processes it started (gpuload's HTTP front), by pid."""
-        pids, index = [self.pid], 0
-        while index < len(pids):
-            # Each thread has its own list of the children it started.
-            for children in Path(f"/proc/{pids[index]}/task").glob("*/children"):
-                pids += [int(child) for child in _read(children).split()]
-            index += 1
-        return pids
-
-    def usage(self) -> Usage:
-        """CPU seconds (user + system, all threads) the daemon and its children used so far."""
-        ticks = 0
-        for pid in self.processes():
-            stat = _read(Path(f"/proc/{pid}/stat"))
-            fields = stat.rpartition(")")[2].split()
-            # Fields 14 and 15 of proc(5), counted after the command name's closing parenthesis.
-            ticks += int(fields[11]) + int(fields[12]) if fields else 0
-        return Usage(ticks / CLOCK_TICKS, time.monotonic())
-
-    def peak_rss_bytes(self) -> int:
-        """The peak resident set sizes (VmHWM) of the daemon and its children, added up.
-
-        Pages the processes share (the interpreter, libraries) count once per process here.
-        """
-        return sum(_status_kib(pid, "VmHWM:") for pid in self.processes()) * 1024
-
-    def pss_bytes(self) -> int:
-        """Their proportional set sizes now: shared pages split between the processes."""
-        total = 0
-        for pid in self.processes():
-            for line in _read(Path(f"/proc/{pid}/smaps_rollup")).splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1]) * 1024
-        return total
 
     def simulator_counters(self) -> SimulatorCounters:
         """The simulated NVML's counters, read from the daemon through SIGUSR1."""

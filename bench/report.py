@@ -17,7 +17,8 @@ RESULTS = BENCH / "RESULTS.md"
 OPTIMIZATIONS = BENCH / "OPTIMIZATIONS.md"
 # Written by `python -m bench.fleet` (bench/fleet.py); `python -m bench` keeps it as it is.
 FLEET_HEADING = "## Fleet"
-SERVING_HEADING = "## Serving mechanisms"
+# Written by `python -m bench.servers` (bench/servers.py); kept by `python -m bench`.
+SERVERS_HEADING = "## HTTP servers"
 
 
 @dataclass
@@ -207,8 +208,8 @@ def write_results(
             evaluation_text,
             "",
         ]
-    # The sections other commands write (bench.fleet, bench.serving) are kept.
-    for heading in (SERVING_HEADING, FLEET_HEADING):
+    # The sections other commands write (bench.fleet, bench.servers) are kept.
+    for heading in (SERVERS_HEADING, FLEET_HEADING):
         kept = _section(RESULTS.read_text(), heading) if RESULTS.exists() else ""
         if kept:
             parts += [kept.rstrip(), ""]
