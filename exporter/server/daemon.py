@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+IDLE_POLL_SECONDS = 600.0
+
 
 def _install_simulator(config: Config) -> SimulatedNvml:
     """Install the simulated NVML; its ``elapsed`` is the node's clock (scenario seconds)."""
@@ -161,7 +163,11 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     )
     app = Application(lambda: collection.snapshot, config.web.telemetry_path)
     try:
-        server = Server(config.web.listen_address, app, config.web.security)
+        # The serving thread wakes only to see whether it should stop; the daemon exits instead
+        # (stop(wait=False)), so it never needs to: 0.5-1 ms of CPU a second saved.
+        server = Server(
+            config.web.listen_address, app, config.web.security, poll_interval=IDLE_POLL_SECONDS
+        )
     except OSError as error:
         # One plain line, whatever the log format: nothing runs yet to read a log.
         print(
@@ -175,7 +181,7 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         alerting = _local_alerting(config, server.url)
     except (ValueError, OSError) as error:  # bad thresholds, unusable queue
         log.error("local alerting: %s", error)
-        server.stop()
+        server.stop(wait=False)
         return 1
     app.status = StatusPage(
         lambda: collection.snapshot,
@@ -221,7 +227,7 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         )
     # The main thread collects: Python runs a signal's handler there, between two waits.
     _collect_until(stop, config.collect_interval, lambda: _run_cycle(collection, alerting))
-    server.stop()
+    server.stop(wait=False)
     if alerting is not None:
         alerting.stop()
     collection.close()
