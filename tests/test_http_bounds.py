@@ -2,7 +2,7 @@
 
 Three real servers on 127.0.0.1 are attacked at the same time: `gpuload serve` plain, `gpuload
 serve` with TLS and basic auth (a web config file), and `gpuload relay`. One process serves
-`gpuload serve` (there is no HTTP front any more); a child process, if it had one, would be
+`gpuload serve`; a child process, if it had one, would be
 counted with it. Each server is held by 2,000 connections that trickle a request head a byte a
 second, then by 300 that send a POST head announcing a body of 100,000 bytes and trickle the
 body a byte a second, while 30 connections at a time send 99 header lines of 64 KB. Over TLS,
