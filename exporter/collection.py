@@ -2,7 +2,7 @@
 
 The cycle owns NVML's lifecycle (initialise with backoff, notice lost GPUs and
 re-acquire them), runs each GPU's collectors in a worker thread of its own,
-waits a bounded time, and turns what came back into Prometheus metric families.
+waits a bounded time, and publishes what came back as an immutable snapshot.
 A GPU whose worker has not finished is reported stale and is not resubmitted
 until it finishes, so a wedged driver call never piles up threads.
 """
@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
-from functools import cached_property, partial
+from functools import partial
 from typing import Any
-
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from exporter import __version__, nvml
 from exporter.collectors import REGISTRY, CollectorSpec, Reader, Sample
@@ -67,24 +66,136 @@ Series = tuple[str, tuple[tuple[str, str], ...], float]
 Wanted = tuple[dict[str, tuple[str, tuple[str, ...]] | None], frozenset[str]]
 
 
+def shape_of(family: Family) -> tuple[str, str, tuple[str, ...]]:
+    """(the family's name as exposed, its samples' name, its label names).
+
+    A counter's family is named without `_total`, its samples with it; a GPU's family puts
+    the GPU's identity labels first.
+    """
+    labels = (*GPU_LABELS, *family.labels) if family.per_gpu else family.labels
+    if family.kind == "counter":
+        name = family.name.removesuffix("_total")
+        return name, f"{name}_total", labels
+    return family.name, family.name, labels
+
+
+# gpuload's own families, published with each snapshot after the collectors' (run `OWN`).
+OWN = "gpuload"
+GPU_INFO = Family(
+    "gpu_info",
+    "gauge",
+    "Identity of each GPU; always 1. Join on gpu/uuid for the model name "
+    "(nvmlDeviceGetName, GetUUID, GetPciInfo, GetSerial, GetVbiosVersion).",
+    labels=("name", "pci_bus_id", "serial", "vbios_version", "profiling"),
+)
+GPU_UP = Family(
+    "gpu_up", "gauge", "1 while NVML can reach the GPU, 0 once it is lost (fell off the bus)."
+)
+GPU_STALE = Family(
+    "gpuload_gpu_stale",
+    "gauge",
+    "1 while a GPU's collection has not returned within the collection timeout "
+    "(a hung NVML call); its device series are then absent.",
+)
+COLLECTOR_SUCCESS = Family(
+    "gpuload_collector_success",
+    "gauge",
+    "1 if the collector's last run had no unexpected error on any GPU, else 0.",
+    labels=("collector",),
+    per_gpu=False,
+)
+COLLECTOR_DURATION = Family(
+    "gpuload_collector_duration_seconds",
+    "gauge",
+    "Time the collector spent in its last run, summed over GPUs.",
+    labels=("collector",),
+    per_gpu=False,
+)
+COLLECTOR_LAST_SUCCESS = Family(
+    "gpuload_collector_last_success_timestamp_seconds",
+    "gauge",
+    "Unix time at which the collector last completed without unexpected errors.",
+    labels=("collector",),
+    per_gpu=False,
+)
+NVML_ERRORS = Family(
+    "gpuload_nvml_errors_total",
+    "counter",
+    "NVML calls that failed unexpectedly, by collector and NVML error "
+    "(not_supported is not counted: the series is simply absent).",
+    labels=("collector", "error"),
+    per_gpu=False,
+)
+NVML_REFUSED = Family(
+    "gpuload_nvml_permission_denied",
+    "gauge",
+    "GPUs on which NVML refused a read to this process (NO_PERMISSION), by collector and "
+    "read: those series are absent. Whole-GPU memory and processes on MIG GPUs need root.",
+    labels=("collector", "read"),
+    per_gpu=False,
+)
+COLLECTOR_EXCEPTIONS = Family(
+    "gpuload_collector_exceptions_total",
+    "counter",
+    "Collector runs that raised an unexpected exception (a bug: please report it).",
+    labels=("collector",),
+    per_gpu=False,
+)
+NVML_UP = Family(
+    "gpuload_nvml_up", "gauge", "1 if NVML is initialised and answering, else 0.", per_gpu=False
+)
+LAST_COLLECTION = Family(
+    "gpuload_last_collection_timestamp_seconds",
+    "gauge",
+    "Unix time at which the last collection cycle completed.",
+    per_gpu=False,
+)
+COLLECTION_DURATION = Family(
+    "gpuload_collection_duration_seconds",
+    "gauge",
+    "Wall time of the last collection cycle (GPUs are read in parallel).",
+    per_gpu=False,
+)
+BUILD_INFO = Family(
+    "gpuload_build_info",
+    "gauge",
+    "gpuload's version; always 1.",
+    labels=("version",),
+    per_gpu=False,
+)
+OWN_FAMILIES = (
+    GPU_INFO,
+    GPU_UP,
+    GPU_STALE,
+    COLLECTOR_SUCCESS,
+    COLLECTOR_DURATION,
+    COLLECTOR_LAST_SUCCESS,
+    NVML_ERRORS,
+    NVML_REFUSED,
+    COLLECTOR_EXCEPTIONS,
+    NVML_UP,
+    LAST_COLLECTION,
+    COLLECTION_DURATION,
+    BUILD_INFO,
+)
+# Names the exposition writes as they are (no quoting, no escaping): checked once per layout.
+_PLAIN_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+
+
 class Layout:
-    """The enabled collectors' families in registry order, and how their samples are named."""
+    """The enabled collectors' families in registry order, then gpuload's own; their shapes."""
 
     def __init__(self, specs: Iterable[CollectorSpec]) -> None:
-        specs = tuple(specs)
-        self.families = tuple(family for spec in specs for family in spec.families)
-        self._collectors = {spec.name: [family.name for family in spec.families] for spec in specs}
-        # Family name -> (the name prometheus_client gives the family, its samples' name,
-        # label names): a counter's family drops `_total`, its samples carry it.
-        self.shapes: dict[str, tuple[str, str, tuple[str, ...]]] = {}
-        for family in self.families:
-            labels = (*GPU_LABELS, *family.labels) if family.per_gpu else family.labels
-            name = family.name
-            if family.kind == "counter":
-                name = name.removesuffix("_total")
-                self.shapes[family.name] = (name, f"{name}_total", labels)
-            else:
-                self.shapes[family.name] = (name, name, labels)
+        groups = [(spec.name, spec.families) for spec in specs]
+        groups.append((OWN, OWN_FAMILIES))
+        self.families = tuple(family for _, families in groups for family in families)
+        self._collectors = {name: [family.name for family in families] for name, families in groups}
+        # Family name -> (its name as exposed, its samples' name, label names).
+        self.shapes = {family.name: shape_of(family) for family in self.families}
+        for name, sample_name, labels in self.shapes.values():
+            for plain in (name, sample_name, *labels):
+                if not _PLAIN_NAME.match(plain):
+                    raise ValueError(f"{plain!r} is not a name of [a-zA-Z_][a-zA-Z0-9_]*")
         self._wanted: dict[frozenset[str] | None, Wanted] = {}
 
     def wanted(self, names: frozenset[str] | None) -> Wanted:
@@ -112,11 +223,9 @@ class Layout:
 class Snapshot:
     """The result of one collection cycle; never modified after it is published.
 
-    The collectors' samples (``runs``) are grouped into prometheus_client families only when
-    ``families`` is first read: by an encoding for /metrics or the status page. At 1 s
-    collection and 15 s scrapes most snapshots are never encoded, and grouping ~1,600
-    samples costs ~2 ms of CPU. The local history reads ``series`` instead, which needs no
-    families. ``other_families`` (gpuload's own, the GPUs' identity) come after the runs'.
+    Every sample is in one row format, `CollectorRun`: the collectors' ``runs``, then
+    gpuload's own families (``own``). /metrics writes them (`exporter.server.exposition`) and
+    the local history reads them (`series`) without building anything in between.
     """
 
     gpus: tuple[GpuStatus, ...]
@@ -124,33 +233,21 @@ class Snapshot:
     completed_at: float
     runs: tuple[CollectorRun, ...] = ()
     layout: Layout = field(default_factory=lambda: Layout(()), repr=False, compare=False)
-    other_families: tuple[Metric, ...] = ()
+    own: CollectorRun | None = None
 
-    @cached_property
-    def families(self) -> tuple[Metric, ...]:
-        """Every family of the snapshot, in registry order, then `other_families`."""
-        return (*_each_family(self.layout, self.runs), *self.other_families)
-
-    def each_family(self) -> Iterator[Metric]:
-        """The families one at a time, for an encoding: each is freed once it is encoded.
-
-        An encoding holds its output, not every family as well (~1 MB at 16 GPUs); the
-        families read once already (`families`) are reused.
-        """
-        if "families" in self.__dict__:
-            yield from self.families
-            return
-        yield from _each_family(self.layout, self.runs)
-        yield from self.other_families
+    @property
+    def all_runs(self) -> tuple[CollectorRun, ...]:
+        """The collectors' runs, then gpuload's own."""
+        return self.runs if self.own is None else (*self.runs, self.own)
 
     def series(self, names: frozenset[str] | None = None) -> Iterator[Series]:
-        """The snapshot's samples as `families` would hold them, without building those.
+        """The snapshot's samples: (sample name, label pairs, value).
 
         With ``names``, only the samples of those metric names (a counter's ``_total``
         included), as `exporter.alerting.history.snapshot_samples` asks.
         """
         wanted, collectors = self.layout.wanted(names)
-        for run in self.runs:
+        for run in self.all_runs:
             if run.name not in collectors:
                 continue
             for family, value, labels in run.samples:
@@ -158,10 +255,6 @@ class Snapshot:
                 if shape is not None:
                     pairs = tuple(zip(shape[1], (*run.labels, *labels), strict=False))
                     yield shape[0], pairs, value
-        for metric in self.other_families:
-            if names is None or metric.name in names or f"{metric.name}_total" in names:
-                for point in metric.samples:
-                    yield point.name, tuple(point.labels.items()), point.value
 
 
 @dataclass(frozen=True)
@@ -587,8 +680,7 @@ class Collection:
 
     def _publish(self, runs: list[CollectorRun], cycle_seconds: float) -> Snapshot:
         completed_at = self._wall_clock()
-        families = self._gpu_families()
-        families.extend(self._meta_families(runs, cycle_seconds, completed_at))
+        own = [*self._gpu_samples(), *self._meta_samples(runs, cycle_seconds, completed_at)]
         gpus = tuple(
             GpuStatus(
                 index=gpu.index,
@@ -601,72 +693,45 @@ class Collection:
             if self._nvml_up  # as the GPU series: none while NVML is down
         )
         return Snapshot(
-            gpus, self._nvml_up, completed_at, tuple(runs), self._layout, tuple(families)
+            gpus,
+            self._nvml_up,
+            completed_at,
+            tuple(runs),
+            self._layout,
+            CollectorRun(OWN, tuple(own)),
         )
 
-    def _gpu_families(self) -> list[Metric]:
+    def _gpu_samples(self) -> Iterator[Sample]:
         if not self._nvml_up:
             # Without NVML nothing is known of any GPU: its series are absent (not gpu_up 0,
             # which would say every GPU fell off the bus; not 1 from before the driver went).
             # gpuload_nvml_up 0 says why.
-            return []
-        info = GaugeMetricFamily(
-            "gpu_info",
-            "Identity of each GPU; always 1. Join on gpu/uuid for the model name "
-            "(nvmlDeviceGetName, GetUUID, GetPciInfo, GetSerial, GetVbiosVersion).",
-            labels=[*GPU_LABELS, "name", "pci_bus_id", "serial", "vbios_version", "profiling"],
-        )
-        up = GaugeMetricFamily(
-            "gpu_up",
-            "1 while NVML can reach the GPU, 0 once it is lost (fell off the bus).",
-            labels=list(GPU_LABELS),
-        )
-        stale = GaugeMetricFamily(
-            "gpuload_gpu_stale",
-            "1 while a GPU's collection has not returned within the collection timeout "
-            "(a hung NVML call); its device series are then absent.",
-            labels=list(GPU_LABELS),
-        )
+            return
+        info, up, stale = [], [], []
         for gpu in self._gpus.values():
             identity = gpu.identity
             if identity is None:
                 # Lost before it could be identified: still say so, without a UUID.
-                up.add_metric([str(gpu.index), ""], 0)
+                up.append(Sample(GPU_UP.name, 0, (str(gpu.index), "")))
                 continue
-            labels = [str(gpu.index), identity.uuid]
-            info.add_metric(
-                [
-                    *labels,
-                    identity.name,
-                    identity.pci_bus_id,
-                    identity.serial,
-                    identity.vbios_version,
-                    gpu.profiling,
-                ],
-                1,
+            labels = (str(gpu.index), identity.uuid)
+            details = (
+                identity.name,
+                identity.pci_bus_id,
+                identity.serial,
+                identity.vbios_version,
+                gpu.profiling,
             )
-            up.add_metric(labels, 1 if gpu.device is not None else 0)
-            stale.add_metric(labels, 1 if gpu.in_flight is not None else 0)
-        return [info, up, stale]
+            info.append(Sample(GPU_INFO.name, 1, (*labels, *details)))
+            up.append(Sample(GPU_UP.name, 1 if gpu.device is not None else 0, labels))
+            stale.append(Sample(GPU_STALE.name, 1 if gpu.in_flight is not None else 0, labels))
+        yield from info
+        yield from up
+        yield from stale
 
-    def _meta_families(
+    def _meta_samples(
         self, runs: list[CollectorRun], cycle_seconds: float, completed_at: float
-    ) -> list[Metric]:
-        success = GaugeMetricFamily(
-            "gpuload_collector_success",
-            "1 if the collector's last run had no unexpected error on any GPU, else 0.",
-            labels=["collector"],
-        )
-        duration = GaugeMetricFamily(
-            "gpuload_collector_duration_seconds",
-            "Time the collector spent in its last run, summed over GPUs.",
-            labels=["collector"],
-        )
-        last_success = GaugeMetricFamily(
-            "gpuload_collector_last_success_timestamp_seconds",
-            "Unix time at which the collector last completed without unexpected errors.",
-            labels=["collector"],
-        )
+    ) -> Iterator[Sample]:
         seconds: defaultdict[str, float] = defaultdict(float)
         for run in runs:
             seconds[run.name] += run.seconds
@@ -676,61 +741,29 @@ class Collection:
             for gpu in self._gpus.values()
             if gpu.in_flight and gpu.current_collector
         }
+        success, duration, last_success = [], [], []
         for spec in self._specs:
             ok = spec.name not in failed and spec.name not in stale and self._nvml_up
             if ok:
                 self._last_success[spec.name] = completed_at
-            success.add_metric([spec.name], 1 if ok else 0)
-            duration.add_metric([spec.name], seconds[spec.name])
+            success.append(Sample(COLLECTOR_SUCCESS.name, 1 if ok else 0, (spec.name,)))
+            duration.append(Sample(COLLECTOR_DURATION.name, seconds[spec.name], (spec.name,)))
             if spec.name in self._last_success:
-                last_success.add_metric([spec.name], self._last_success[spec.name])
-        errors = CounterMetricFamily(
-            "gpuload_nvml_errors_total",
-            "NVML calls that failed unexpectedly, by collector and NVML error "
-            "(not_supported is not counted: the series is simply absent).",
-            labels=["collector", "error"],
-        )
+                when = self._last_success[spec.name]
+                last_success.append(Sample(COLLECTOR_LAST_SUCCESS.name, when, (spec.name,)))
+        yield from success
+        yield from duration
+        yield from last_success
         for (collector, error_name), count in sorted(self._errors.items()):
-            errors.add_metric([collector, error_name], count)
-        refused = GaugeMetricFamily(
-            "gpuload_nvml_permission_denied",
-            "GPUs on which NVML refused a read to this process (NO_PERMISSION), by collector and "
-            "read: those series are absent. Whole-GPU memory and processes on MIG GPUs need root.",
-            labels=["collector", "read"],
-        )
+            yield Sample(NVML_ERRORS.name, count, (collector, error_name))
         for (collector, read), gpus in self._refused().items():
-            refused.add_metric([collector, read], len(gpus))
-        exceptions = CounterMetricFamily(
-            "gpuload_collector_exceptions_total",
-            "Collector runs that raised an unexpected exception (a bug: please report it).",
-            labels=["collector"],
-        )
+            yield Sample(NVML_REFUSED.name, len(gpus), (collector, read))
         for collector, count in sorted(self._exceptions.items()):
-            exceptions.add_metric([collector], count)
-        return [
-            success,
-            duration,
-            last_success,
-            errors,
-            refused,
-            exceptions,
-            GaugeMetricFamily(
-                "gpuload_nvml_up",
-                "1 if NVML is initialised and answering, else 0.",
-                value=1 if self._nvml_up else 0,
-            ),
-            GaugeMetricFamily(
-                "gpuload_last_collection_timestamp_seconds",
-                "Unix time at which the last collection cycle completed.",
-                value=completed_at,
-            ),
-            GaugeMetricFamily(
-                "gpuload_collection_duration_seconds",
-                "Wall time of the last collection cycle (GPUs are read in parallel).",
-                value=cycle_seconds,
-            ),
-            _build_info(),
-        ]
+            yield Sample(COLLECTOR_EXCEPTIONS.name, count, (collector,))
+        yield Sample(NVML_UP.name, 1 if self._nvml_up else 0)
+        yield Sample(LAST_COLLECTION.name, completed_at)
+        yield Sample(COLLECTION_DURATION.name, cycle_seconds)
+        yield Sample(BUILD_INFO.name, 1, (__version__,))
 
     def _refused(self) -> dict[tuple[str, str], list[int]]:
         """(collector, read) -> the GPUs that refused it; each logged once with what to do."""
@@ -837,21 +870,6 @@ def _describe_problem(run: CollectorRun, unexpected: list[NvmlError]) -> str:
     return ""
 
 
-def _build_info() -> Metric:
-    family = GaugeMetricFamily(
-        "gpuload_build_info", "gpuload's version; always 1.", labels=["version"]
-    )
-    family.add_metric([__version__], 1)
-    return family
-
-
-def _new_family(spec: Family) -> GaugeMetricFamily | CounterMetricFamily:
-    labels = [*GPU_LABELS, *spec.labels] if spec.per_gpu else list(spec.labels)
-    if spec.kind == "counter":
-        return CounterMetricFamily(spec.name, spec.help, labels=labels)
-    return GaugeMetricFamily(spec.name, spec.help, labels=labels)
-
-
 def each_family_samples(
     layout: Layout, runs: Iterable[CollectorRun]
 ) -> Iterator[tuple[Family, list[tuple[tuple[str, ...], Sample]]]]:
@@ -866,12 +884,3 @@ def each_family_samples(
         samples = grouped.pop(family.name)
         if samples:
             yield family, samples
-
-
-def _each_family(layout: Layout, runs: Iterable[CollectorRun]) -> Iterator[Metric]:
-    """Group samples into their families, in registry order; empty families are left out."""
-    for spec, samples in each_family_samples(layout, runs):
-        family = _new_family(spec)
-        for labels, sample in samples:
-            family.add_metric([*labels, *sample.labels], sample.value)
-        yield family

@@ -21,6 +21,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "differential: minutes of CPU comparing gpuload's rule engine with promtool on generated"
         " series; scripts/test runs these as a step of their own after the main suite",
     )
+    config.addinivalue_line(
+        "markers",
+        "engines: a minute or more of real engines under load (Prometheus with Alertmanager, a"
+        " fleet, an image's install, a soak, slow clients against three servers); scripts/test"
+        " runs these as a step of their own after the main suite",
+    )
 
 
 @pytest.fixture

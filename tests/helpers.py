@@ -21,8 +21,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import sim
-from exporter.collection import Collection
+from exporter.collection import Collection, Snapshot
 from exporter.collectors import REGISTRY
+from exporter.server.exposition import TEXT, Exposition, ProcessMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
 _LISTENING = re.compile(r"listening on (https?://\S+/)")
@@ -51,6 +52,11 @@ class Daemon:
         """Send `sig`, wait for exit (30 s at most: a bound on a hang), return the exit code."""
         self.process.send_signal(sig)
         return self.process.wait(timeout=30)
+
+
+def exposition_text(snapshot: Snapshot) -> str:
+    """The snapshot as /metrics writes it in the text format, the process's own metrics after."""
+    return Exposition(ProcessMetrics()).encode(snapshot, TEXT).decode()
 
 
 def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -48,10 +48,13 @@ from exporter.alerting.thresholds import duration_seconds
 
 PROMETHEUS = shutil.which("prometheus")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-pytestmark = pytest.mark.skipif(
-    not (PROMETHEUS and ALERTMANAGER),
-    reason="needs Debian's prometheus and prometheus-alertmanager (scripts/test installs them)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not (PROMETHEUS and ALERTMANAGER),
+        reason="needs Debian's prometheus and prometheus-alertmanager (scripts/test installs them)",
+    ),
+    pytest.mark.engines,
+]
 
 # `for:` durations in the test copy are the shipped ones divided by this.
 SPEEDUP = 30

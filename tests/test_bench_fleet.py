@@ -10,10 +10,13 @@ import pytest
 from bench import fleet, fleet_panels, fleet_report, report
 from bench.fleet_panels import TimeRange
 
-pytestmark = pytest.mark.skipif(
-    not shutil.which("prometheus") or not shutil.which("promtool"),
-    reason="needs Debian's prometheus (scripts/test installs it)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not shutil.which("prometheus") or not shutil.which("promtool"),
+        reason="needs Debian's prometheus (scripts/test installs it)",
+    ),
+    pytest.mark.engines,
+]
 
 
 def test_fake_nodes_reach_the_fleet_size_on_distinct_instances() -> None:

@@ -12,14 +12,12 @@ import sys
 import textwrap
 
 import pytest
-from helpers import ROOT, Clock, parse_metrics, series, value_of, wait_until
-from prometheus_client import generate_latest
+from helpers import ROOT, Clock, exposition_text, parse_metrics, series, value_of, wait_until
 
 from exporter import config, sim
 from exporter.collection import Collection, Snapshot
 from exporter.collectors import REGISTRY
 from exporter.collectors.processes import resolve_host_pid_namespace
-from exporter.server.http import build_registry
 from exporter.sim.scenario import CALLERS, SCENARIO_DIR, load_scenario
 
 SCENARIOS = sorted(path.stem for path in SCENARIO_DIR.glob("*.yaml"))
@@ -37,7 +35,7 @@ FAILING_FAULTS = {"error", "sentinel", "hang", "gpu_lost", "driver_not_loaded"}
 
 
 def _scrape(snapshot: Snapshot) -> dict:
-    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+    return parse_metrics(exposition_text(snapshot))
 
 
 def _faults_at(scenario: str, t: float) -> set[str]:

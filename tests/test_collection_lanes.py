@@ -19,13 +19,11 @@ from typing import Any
 
 import pynvml
 import pytest
-from helpers import Clock, parse_metrics, series, value_of
-from prometheus_client import generate_latest
+from helpers import Clock, exposition_text, parse_metrics, series, value_of
 
 from exporter import sim
 from exporter.collection import Collection, Snapshot, _Backoff
 from exporter.collectors import REGISTRY
-from exporter.server.http import build_registry
 from exporter.sim.library import SimulatedNvml
 
 
@@ -119,7 +117,7 @@ class _Recorder:
 
 
 def _samples(snapshot: Snapshot) -> dict:
-    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+    return parse_metrics(exposition_text(snapshot))
 
 
 @contextmanager

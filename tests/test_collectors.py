@@ -12,14 +12,12 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from helpers import Clock, parse_metrics, series, value_of
-from prometheus_client import generate_latest
+from helpers import Clock, exposition_text, parse_metrics, series, value_of
 
 from exporter import sim
 from exporter.collection import Collection, Snapshot
 from exporter.collectors import REGISTRY
 from exporter.collectors.base import Family, Sample, register
-from exporter.server.http import build_registry
 
 ALL_ON = {name: True for name in REGISTRY}
 
@@ -92,7 +90,7 @@ def gpu_labels(samples: dict, gpu: str) -> dict[str, str]:
 
 
 def _scrape(snapshot: Snapshot) -> dict:
-    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+    return parse_metrics(exposition_text(snapshot))
 
 
 def _cycle_until(collection: Collection, condition: Callable[[dict], bool]) -> dict:

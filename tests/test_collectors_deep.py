@@ -15,20 +15,18 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from helpers import Clock, parse_metrics, series, value_of
-from prometheus_client import generate_latest
+from helpers import Clock, exposition_text, parse_metrics, series, value_of
 
 from exporter import sim
 from exporter.collection import Collection, Snapshot
 from exporter.collectors import REGISTRY
 from exporter.nvml import Device
-from exporter.server.http import build_registry
 
 ALL_ON = {name: True for name in REGISTRY}
 
 
 def scrape(snapshot: Snapshot) -> dict:
-    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+    return parse_metrics(exposition_text(snapshot))
 
 
 @contextlib.contextmanager

@@ -5,6 +5,8 @@ daemon has, ~18 MB of resident memory together. A node without the kubelet's pod
 socket and without alert targets needs neither; importing them at start put the daemon over
 its 60 MB budget at 8 GPUs (bench/RESULTS.md). The relay's configuration (~1.6 MB) is not
 loaded either: the command line takes the relay's arguments from `exporter.relay.arguments`.
+Nor is prometheus_client (5.5 MB with the http.server, wsgiref, email and ssl it imports):
+/metrics is written by `exporter.server.exposition`.
 The daemon runs in a subprocess so that its sys.modules is its own, not pytest's.
 """
 
@@ -32,7 +34,10 @@ import json, os, signal, sys, threading, time, urllib.request
 
 from exporter.cli import main
 
-HEAVY = ("grpc", "google.protobuf", "jinja2", "requests", "exporter.relay.config", "sqlite3")
+HEAVY = (
+    "grpc", "google.protobuf", "jinja2", "requests", "exporter.relay.config", "sqlite3",
+    "prometheus_client", "http.server", "wsgiref",
+)
 port, args = sys.argv[1], sys.argv[2:]
 
 

@@ -40,9 +40,12 @@ TEST_THRESHOLDS = replace(thresholds.load(), window=WINDOW)
 NAMES = recording_names(TEST_THRESHOLDS)
 
 PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(
-    not PROMETHEUS, reason="needs Debian's prometheus (scripts/test installs it)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not PROMETHEUS, reason="needs Debian's prometheus (scripts/test installs it)"
+    ),
+    pytest.mark.engines,
+]
 
 # Scenario -> seconds into the scenario at which its daemon starts. legacy-v100 logs XID 48 on
 # GPU 6 at 5 minutes: starting just before shows the XID panels with data.

@@ -128,6 +128,7 @@ def test_dockerignore_lets_through_only_the_packaging_inputs() -> None:
         assert ignored(dropped, patterns), dropped
 
 
+@pytest.mark.engines
 def test_dockerfile_install_steps_give_a_working_gpuload(tmp_path: Path) -> None:
     build, runtime = stages()
     # Both stages start from the same base (tests/test_image.py: pinned by digest).

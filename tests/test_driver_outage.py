@@ -10,12 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from helpers import Clock, parse_metrics, series, simulated_node, value_of
-from prometheus_client import generate_latest
+from helpers import Clock, exposition_text, parse_metrics, series, simulated_node, value_of
 
 from exporter import sim
 from exporter.collection import Collection, Snapshot
-from exporter.server.http import build_registry
 from exporter.sim.scenario import Fault, load_scenario
 
 GPUS = 4  # the faulty scenario's A100s
@@ -28,7 +26,7 @@ def _outage() -> Fault:
 
 
 def _scrape(snapshot: Snapshot) -> dict:
-    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+    return parse_metrics(exposition_text(snapshot))
 
 
 @pytest.fixture

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from helpers import ROOT, Clock, parse_metrics, value_of
-from prometheus_client import generate_latest
+from helpers import ROOT, Clock, exposition_text, parse_metrics, value_of
 
 from exporter import sim
 from exporter.alerting import thresholds
@@ -23,7 +22,6 @@ from exporter.alerting.evaluator import Evaluator
 from exporter.alerting.history import snapshot_samples
 from exporter.collection import Collection, Snapshot
 from exporter.collectors import REGISTRY
-from exporter.server.http import build_registry
 from exporter.sim import FUNCTION_NAMES, branches
 from exporter.sim.scenario import SCENARIO_DIR
 
@@ -56,7 +54,7 @@ def _node(tmp_path: Path, scenario: str, at: float) -> Iterator[tuple[Clock, Col
 
 
 def _scrape(snapshot: Snapshot) -> dict:
-    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+    return parse_metrics(exposition_text(snapshot))
 
 
 def _utilization(collection: Collection) -> float | None:
@@ -115,7 +113,7 @@ def test_no_scenario_exposes_a_series_twice(scenario: str) -> None:
         sim.uninstall()
     lines = [
         line.rsplit(" ", 1)[0]
-        for line in generate_latest(build_registry(lambda: snapshot)).decode().splitlines()
+        for line in exposition_text(snapshot).splitlines()
         if line and not line.startswith("#")
     ]
     repeated = sorted(line for line, count in Counter(lines).items() if count > 1)

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 from helpers import Clock
+from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import sim
 from exporter.alerting import states, thresholds
 from exporter.alerting.evaluator import Evaluator, history_horizon
 from exporter.alerting.history import History, Sample, labels_of, snapshot_samples
-from exporter.alerting.local import LocalAlerting
 from exporter.collection import Collection
 from exporter.collectors import REGISTRY
 from exporter.doctor import xids
-from exporter.server.http import MetricsEndpoint
+from exporter.server.exposition import TEXT, Exposition
 
 ALL_ON = {name: True for name in REGISTRY}
 
@@ -95,55 +95,30 @@ def test_sorted_labels_are_kept_within_their_bound() -> None:
 
 
 @pytest.mark.parametrize("scenario", ["h100-nvlink", "a100-mig", "faulty", "ecc-remap"])
-def test_a_snapshots_series_are_the_samples_of_its_families(scenario: str) -> None:
-    # The local history reads a snapshot's series, never its families; both must agree
+def test_a_snapshots_series_are_the_samples_its_exposition_writes(scenario: str) -> None:
+    # The local history reads a snapshot's series, /metrics writes its rows; both must agree
     # sample for sample, counters' `_total` names and empty labels included.
     rules = thresholds.load()
     keep = Evaluator(rules, instance="n1:19400", also_keep=states.FAMILIES).history.keep
     clock = Clock(100.0)
     sim.install(scenario, clock=clock, epoch=0)
     collection = Collection(ALL_ON, timeout=5, clock=clock)
+    writer = Exposition()
     try:
         for t in (100.0, 110.0, 130.0):
             clock.now = t
             snapshot = collection.run_cycle()
+            written = list(text_string_to_metric_families(writer.encode(snapshot, TEXT).decode()))
             for names in (None, keep):
                 from_series = sorted(snapshot_samples(snapshot, names))
-                assert "families" not in vars(snapshot), "reading series built the families"
-                from_families = sorted(
+                from_exposition = sorted(
                     Sample(point.name, labels_of(point.labels), float(point.value))
-                    for family in snapshot.families
+                    for family in written
                     if names is None or family.name in names or f"{family.name}_total" in names
                     for point in family.samples
                 )
-                assert from_series == from_families
+                assert from_series == from_exposition
                 assert len(from_series) > (100 if names is None else 10)
-                vars(snapshot).pop("families")
-    finally:
-        collection.close()
-        sim.uninstall()
-
-
-def test_cycles_nobody_scrapes_group_no_samples_into_families() -> None:
-    # The local alerting reads every snapshot; /metrics encodes only those a scrape asks for.
-    # Families are built for the encodings, not once per cycle, and not kept.
-    sim.install("h100-nvlink")
-    collection = Collection(ALL_ON, timeout=5)
-    endpoint = MetricsEndpoint(lambda: collection.snapshot)
-    alerting = LocalAlerting(thresholds.load(), instance="n1:19400", also_keep=states.FAMILIES)
-    try:
-        for _ in range(3):
-            snapshot = collection.run_cycle()
-            alerting.observe(snapshot)
-            assert alerting.history.latest("gpu_up"), "the alerting saw no samples"
-            assert "families" not in vars(snapshot)
-        body = b"".join(endpoint({"REQUEST_METHOD": "GET"}, lambda *_: None))
-        assert b"gpu_up{" in body and b"gpu_nvlink_" in body
-        # An encoding takes the families one at a time and keeps none of them.
-        assert "families" not in vars(snapshot)
-        assert [family.name for family in snapshot.each_family()] == [
-            family.name for family in snapshot.families
-        ]
     finally:
         collection.close()
         sim.uninstall()

@@ -596,6 +596,7 @@ def report(server: Target, outcome: Outcome) -> None:
     print(f"  large heads: answers {dict(outcome.large)}")
 
 
+@pytest.mark.engines
 def test_three_servers_answer_while_slow_heads_slow_bodies_and_large_heads_hold_them(
     tmp_path: Path,
 ) -> None:

@@ -67,6 +67,7 @@ def receiver() -> Iterator[Receiver]:
 
 
 @needs_promtool
+@pytest.mark.differential
 @pytest.mark.parametrize("path", VECTOR_FILES, ids=lambda path: path.name)
 def test_vectors_give_the_same_alerts_in_promtool_and_the_local_evaluator(
     path: Path, tmp_path: Path

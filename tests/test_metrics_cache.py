@@ -6,42 +6,47 @@ import gzip
 import threading
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily
-
-from exporter.collection import Snapshot
+from exporter.collection import CollectorRun, Layout, Snapshot
+from exporter.collectors import CollectorSpec, Family, Sample
 from exporter.server.http import MetricsEndpoint
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+FAMILY = Family("gpu_test_value", "gauge", "A test value.")
+LAYOUT = Layout([CollectorSpec(name="test", families=(FAMILY,), factory=object)])
 
 
-class _CountedSamples(list):
-    """A family's samples that count how often they are encoded (read whole)."""
+class _CountedSamples(tuple):
+    """A run's samples that count how often they are encoded (read whole)."""
 
-    def __init__(self, samples: list, hold: threading.Event | None = None) -> None:
-        super().__init__(samples)
-        self.reads = 0
-        self._hold = hold
-        self.reached = threading.Event()
+    def __new__(cls, samples: tuple, hold: threading.Event | None = None) -> _CountedSamples:
+        counted = super().__new__(cls, samples)
+        counted.reads = 0
+        counted.hold = hold
+        counted.reached = threading.Event()
+        return counted
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         self.reads += 1
         self.reached.set()
-        if self._hold is not None:
-            assert self._hold.wait(30)
+        if self.hold is not None:
+            assert self.hold.wait(30)
         return super().__iter__()
 
 
 def _snapshot(value: float, hold: threading.Event | None = None) -> Snapshot:
-    family = GaugeMetricFamily("gpu_test_value", "A test value.", labels=["gpu"])
-    family.add_metric(["0"], value)
-    family.samples = _CountedSamples(family.samples, hold)
-    return Snapshot(gpus=(), nvml_up=True, completed_at=0.0, other_families=(family,))
+    samples = _CountedSamples((Sample(FAMILY.name, value),), hold)
+    run = CollectorRun(name="test", samples=samples, gpu=0, labels=("0", "GPU-a"))
+    return Snapshot(gpus=(), nvml_up=True, completed_at=0.0, runs=(run,), layout=LAYOUT)
+
+
+def _samples(snapshot: Snapshot) -> _CountedSamples:
+    samples = snapshot.runs[0].samples
+    assert isinstance(samples, _CountedSamples)
+    return samples
 
 
 def _reads(snapshot: Snapshot) -> int:
-    samples = snapshot.families[0].samples
-    assert isinstance(samples, _CountedSamples)
-    return samples.reads
+    return _samples(snapshot).reads
 
 
 class _Node:
@@ -68,18 +73,18 @@ def test_a_snapshot_is_encoded_once_per_format_however_many_scrape() -> None:
     answers = {node.scrape(OPENMETRICS) for _ in range(5)}
     assert len(answers) == 1 and _reads(node.snapshot) == 1
     (body,) = answers
-    assert b'gpu_test_value{gpu="0"} 0.0' in body and body.rstrip().endswith(b"# EOF")
+    assert b'gpu_test_value{gpu="0",uuid="GPU-a"} 0.0' in body and body.rstrip().endswith(b"# EOF")
     # Another format is its own encoding, once too.
     plain = {node.scrape("", encoding="") for _ in range(3)}
     assert _reads(node.snapshot) == 2 and len(plain) == 1
-    assert b'gpu_test_value{gpu="0"} 0.0' in next(iter(plain))
+    assert b'gpu_test_value{gpu="0",uuid="GPU-a"} 0.0' in next(iter(plain))
 
 
 def test_a_new_snapshot_is_served_from_its_first_scrape() -> None:
     node = _Node()
     node.scrape(OPENMETRICS)
     node.snapshot = _snapshot(7)
-    assert b'gpu_test_value{gpu="0"} 7.0' in node.scrape(OPENMETRICS)
+    assert b'gpu_test_value{gpu="0",uuid="GPU-a"} 7.0' in node.scrape(OPENMETRICS)
     assert _reads(node.snapshot) == 1
 
 
@@ -93,11 +98,28 @@ def test_concurrent_first_scrapes_wait_for_one_encoding() -> None:
     ]
     for scrape in scrapes:
         scrape.start()
-    samples = node.snapshot.families[0].samples
-    assert isinstance(samples, _CountedSamples)
-    assert samples.reached.wait(30), "no scrape started encoding"
+    assert _samples(node.snapshot).reached.wait(30), "no scrape started encoding"
     hold.set()
     for scrape in scrapes:
         scrape.join(30)
     assert len(answers) == 4 and len(set(answers)) == 1
     assert _reads(node.snapshot) == 1
+
+
+def test_scrapes_during_a_new_snapshots_encoding_get_the_previous_answer() -> None:
+    node = _Node()
+    before = node.scrape(OPENMETRICS)
+    hold = threading.Event()
+    node.snapshot = _snapshot(5, hold)
+    first: list[bytes] = []
+    encoding = threading.Thread(target=lambda: first.append(node.scrape(OPENMETRICS)))
+    encoding.start()
+    try:
+        assert _samples(node.snapshot).reached.wait(30), "no scrape started encoding"
+        # Not held up by the encoding under way: the previous snapshot's bytes, at once.
+        assert node.scrape(OPENMETRICS) == before
+    finally:
+        hold.set()
+        encoding.join(30)
+    assert b'gpu_test_value{gpu="0",uuid="GPU-a"} 5.0' in first[0]
+    assert node.scrape(OPENMETRICS) == first[0] and _reads(node.snapshot) == 1

@@ -17,13 +17,11 @@ from typing import Any
 
 import pynvml
 import pytest
-from helpers import ROOT, Clock, parse_metrics, series
-from prometheus_client import generate_latest
+from helpers import ROOT, Clock, exposition_text, parse_metrics, series
 
 from exporter import sim
 from exporter.collection import Collection, Snapshot
 from exporter.collectors import REGISTRY
-from exporter.server.http import build_registry
 from exporter.sim import ScenarioError, load_scenario
 
 RECORDED_H200 = (
@@ -134,7 +132,7 @@ def test_a_gpu_instances_own_processes_run_in_its_first_compute_instance(tmp_pat
 
 
 def _scrape(snapshot: Snapshot) -> dict:
-    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+    return parse_metrics(exposition_text(snapshot))
 
 
 def test_the_exporter_gives_one_series_per_compute_instance_and_gpu_instance_values_once(

@@ -16,14 +16,12 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from helpers import Clock, parse_metrics, series, value_of
-from prometheus_client import generate_latest
+from helpers import Clock, exposition_text, parse_metrics, series, value_of
 
 from exporter import sim
 from exporter.collection import Collection, Snapshot
 from exporter.collectors import REGISTRY
 from exporter.nvml import Device
-from exporter.server.http import build_registry
 
 CRC = "gpu_nvlink_link_crc_errors_total"
 
@@ -124,7 +122,7 @@ def _node(
 
 
 def _scrape(snapshot: Snapshot) -> dict:
-    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+    return parse_metrics(exposition_text(snapshot))
 
 
 def _labels(samples: dict, gpu: str) -> dict[str, str]:

@@ -19,9 +19,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from helpers import parse_metrics, series, value_of, wait_until
+from helpers import exposition_text, parse_metrics, series, value_of, wait_until
 from kubelet_helpers import FakeKubelet, Pod, remove, short_socket_dir
-from prometheus_client import generate_latest
 
 from exporter import nvml, sim
 from exporter.collection import Collection, Snapshot
@@ -30,13 +29,12 @@ from exporter.collectors.kubernetes import KubernetesCollector, Target, resolve
 from exporter.kubernetes import Allocation, PodResourcesError
 from exporter.kubernetes import podresources_v1_pb2 as api
 from exporter.kubernetes.podresources import PodResourcesClient
-from exporter.server.http import build_registry
 
 GPU = "nvidia.com/gpu"
 
 
 def scrape(snapshot: Snapshot) -> dict:
-    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+    return parse_metrics(exposition_text(snapshot))
 
 
 def pod_info(samples: dict) -> list[dict[str, str]]:

@@ -22,14 +22,12 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import Clock, parse_metrics, simulated_node
-from prometheus_client import generate_latest
+from helpers import Clock, exposition_text, parse_metrics, simulated_node
 
 from exporter import sim
 from exporter.alerting import rules, thresholds
 from exporter.alerting.thresholds import RULES_DIR
 from exporter.collection import Snapshot
-from exporter.server.http import build_registry
 
 needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing")
 
@@ -82,7 +80,7 @@ def scrape_run(scenario: str, names: set[str]) -> dict[str, list[str]]:
 
 def scrape(snapshot: Snapshot, names: set[str]) -> dict[str, float]:
     """What a Prometheus scraping now stores of ``names``: series (with its target) -> value."""
-    text = generate_latest(build_registry(lambda: snapshot)).decode()
+    text = exposition_text(snapshot)
     return {
         _series_text(name, labels): value
         for (name, labels), value in parse_metrics(text).items()

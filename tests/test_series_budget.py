@@ -12,13 +12,11 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-from helpers import Clock, parse_metrics, simulated_node
-from prometheus_client import generate_latest
+from helpers import Clock, exposition_text, parse_metrics, simulated_node
 
 from exporter import sim
 from exporter.collection import Collection, Snapshot
 from exporter.collectors import REGISTRY
-from exporter.server.http import build_registry
 from exporter.sim.scenario import SCENARIO_DIR
 
 SCENARIOS = sorted(path.stem for path in SCENARIO_DIR.glob("*.yaml"))
@@ -26,7 +24,7 @@ BUDGET = {"default": 80, "minimal": 25}
 
 
 def _scrape(snapshot: Snapshot) -> dict:
-    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+    return parse_metrics(exposition_text(snapshot))
 
 
 def series_per_gpu(scenario: str | Path, profile: str) -> dict[tuple[int, str], float]:

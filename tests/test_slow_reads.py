@@ -8,13 +8,11 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from helpers import Clock, parse_metrics, series, value_of
-from prometheus_client import generate_latest
+from helpers import Clock, exposition_text, parse_metrics, series, value_of
 
 from exporter import sim
 from exporter.collection import Collection, Snapshot
 from exporter.collectors import REGISTRY
-from exporter.server.http import build_registry
 from exporter.sim.library import SimulatedNvml
 
 ALL_ON = {name: True for name in REGISTRY}
@@ -58,7 +56,7 @@ def _value(samples: dict, name: str, **labels: str) -> float | None:
 
 
 def _scrape(snapshot: Snapshot) -> dict:
-    return parse_metrics(generate_latest(build_registry(lambda: snapshot)).decode())
+    return parse_metrics(exposition_text(snapshot))
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import ROOT
 
 # The most threads the exporter may have: one collection worker per GPU (16), the main thread
@@ -27,6 +28,7 @@ from helpers import ROOT
 MAX_THREADS = 16 + 6
 
 
+@pytest.mark.engines
 def test_short_soak_loses_nothing_and_survives_every_fault(tmp_path: Path) -> None:
     figures = tmp_path / "soak.json"
     result = subprocess.run(

@@ -28,7 +28,6 @@ from typing import Any
 
 import pytest
 from helpers import promtool_test_rules
-from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from simnode import SimulatedNode
 
@@ -122,7 +121,7 @@ def test_prometheus_the_local_evaluator_the_doctor_and_the_status_page_agree(
     scenario: str, tmp_path: Path
 ) -> None:
     steps = int(MINUTES * 60 / STEP)
-    exposition = Exposition(CollectorRegistry(auto_describe=False))
+    exposition = Exposition()
     scrapes: list[dict[tuple[str, Labels], float]] = []
     node = SimulatedNode(
         scenario,

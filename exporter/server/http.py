@@ -1,11 +1,9 @@
 """The daemon's HTTP application: /metrics, /healthz, /readyz and a landing page.
 
-The scrape path reads the latest snapshot and never calls NVML. /metrics is
-prometheus_client's exposition on a dedicated registry: its content negotiation
-(OpenMetrics when asked), gzip when asked and `name[]` filtering; in the two usual formats
-the snapshot is written by `exporter.server.exposition`, byte for byte the same, for less
-CPU. A snapshot does not change once published, so its encoded answer is kept per format
-(content type and gzip) until the next snapshot replaces it; see `MetricsEndpoint`.
+The scrape path reads the latest snapshot and never calls NVML. /metrics is written by
+`exporter.server.exposition` in the format a scrape asks for (OpenMetrics or the text format,
+gzip when asked, `name[]` to filter). A snapshot does not change once published, so its
+encoded answer is kept per format until the next snapshot replaces it; see `MetricsEndpoint`.
 """
 
 from __future__ import annotations
@@ -14,17 +12,13 @@ import gzip
 import html
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
-
-from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector, make_wsgi_app
-from prometheus_client.core import Metric
-from prometheus_client.exposition import choose_encoder, gzip_accepted
-from prometheus_client.registry import Collector
+from urllib.parse import parse_qs
 
 from exporter import __version__
 from exporter.collection import Snapshot
-from exporter.server.exposition import Exposition, format_of
+from exporter.server.exposition import Exposition, ProcessMetrics, gzip_accepted, negotiate
 
 log = logging.getLogger(__name__)
 
@@ -32,96 +26,95 @@ StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 
-class SnapshotCollector(Collector):
-    """Serves the families of the latest snapshot to a prometheus_client registry."""
+class _Encoded:
+    """One format's answer for one snapshot, or the encoding of it under way."""
 
-    def __init__(self, latest: Callable[[], Snapshot | None]) -> None:
-        self._latest = latest
-
-    def collect(self) -> Iterator[Metric]:
-        """Yield the latest snapshot's families; nothing before the first cycle."""
-        snapshot = self._latest()
-        if snapshot is None:
-            return
-        yield from snapshot.each_family()
-
-
-def build_registry(latest: Callable[[], Snapshot | None]) -> CollectorRegistry:
-    """A dedicated registry: the snapshot plus the process's own metrics."""
-    # Without describe(), a collector is left out of `name[]` filtered answers unless the
-    # registry is told to keep collectors that name nothing.
-    registry = CollectorRegistry(auto_describe=False, support_collectors_without_names=True)
-    registry.register(SnapshotCollector(latest))
-    ProcessCollector(registry=registry)
-    PlatformCollector(registry=registry)
-    return registry
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self.body: bytes | None = None
+        self.done = threading.Event()
 
 
 class MetricsEndpoint:
     """/metrics: each snapshot is encoded once per format, not once per scrape.
 
-    Encoding ~1,700 series costs milliseconds of Python (OpenMetrics more, gzip more again),
-    while a snapshot only changes once per collection interval. Later scrapes in a format
-    (HA Prometheus pairs, dashboards, concurrent scrapers) get the same bytes, and
-    concurrent first scrapes wait for one encoding instead of each doing it. The process's
-    own `process_*` metrics are encoded with the snapshot, so they are as fresh as the
-    snapshot: within one collection interval. `name[]` filtering and anything but GET and
-    HEAD go to prometheus_client's app uncached.
+    Encoding ~1,700 series costs milliseconds of Python, while a snapshot only changes once
+    per collection interval. Later scrapes in a format (HA Prometheus pairs, dashboards,
+    concurrent scrapers) get the same bytes. While one scrape encodes a new snapshot, the
+    scrapes that come meanwhile get the previous snapshot's answer, one interval older, rather
+    than all waiting for that encoding; with no previous answer they wait for it. The
+    process's own `process_*` metrics are encoded with the snapshot, so they are as fresh as
+    the snapshot: within one collection interval. `name[]` filtered answers are not kept.
     """
 
     def __init__(self, latest: Callable[[], Snapshot | None]) -> None:
         self._latest = latest
-        self._uncached = make_wsgi_app(build_registry(latest))
+        self._writer = Exposition(ProcessMetrics())
         self._lock = threading.Lock()
-        self._snapshot: Snapshot | None = None
-        # Encodes exactly the snapshot being cached, even if a newer one is published meanwhile.
-        self._registry = build_registry(lambda: self._snapshot)
-        # Writes snapshots in the two usual formats; the process's own metrics after them.
-        self._writer = Exposition(build_registry(lambda: None))
-        # (content type, gzip) -> the encoded answer for self._snapshot.
-        self._answers: dict[tuple[str, bool], bytes] = {}
+        # (format, gzip) -> the newest answer done, and the encoding under way if any.
+        self._done: dict[tuple[str, bool], _Encoded] = {}
+        self._encoding: dict[tuple[str, bool], _Encoded] = {}
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         """Answer a scrape from the cache when it can."""
-        query = environ.get("QUERY_STRING", "")
-        snapshot = self._latest()
         method = environ.get("REQUEST_METHOD")
-        if method not in ("GET", "HEAD") or "name" in query or snapshot is None:
-            return self._uncached(environ, start_response)
-        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+        if method not in ("GET", "HEAD"):
+            start_response(
+                "405 Method Not Allowed",
+                [("Content-Type", "text/plain; charset=utf-8"), ("Allow", "GET, HEAD")],
+            )
+            return [f"method {method} not allowed: /metrics answers GET and HEAD\n".encode()]
+        snapshot = self._latest()
+        form, content_type = negotiate(environ.get("HTTP_ACCEPT", ""))
         compressed = gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", ""))
-        key = (content_type, compressed)
-        with self._lock:
-            if self._snapshot is not snapshot:
-                self._snapshot, self._answers = snapshot, {}
-            body = self._answers.get(key)
-            if body is None:
-                body = _encoded(self._registry, key, encoder, snapshot, self._writer)
-                self._answers[key] = body
         headers = [("Content-Type", content_type)]
         if compressed:
             headers.append(("Content-Encoding", "gzip"))
+        if snapshot is None:
+            # Before the first cycle: the process's own metrics only, as an empty snapshot.
+            body = _compressed(self._writer.encode(Snapshot((), False, 0.0), form), compressed)
+        elif "name" in environ.get("QUERY_STRING", ""):
+            names = parse_qs(environ["QUERY_STRING"]).get("name[]", [])
+            body = _compressed(self._writer.encode(snapshot, form, names), compressed)
+        else:
+            body = self._answer(snapshot, (form, compressed))
         start_response("200 OK", headers)
         return [body]
 
+    def _answer(self, snapshot: Snapshot, key: tuple[str, bool]) -> bytes:
+        with self._lock:
+            done = self._done.get(key)
+            if done is not None and done.snapshot is snapshot:
+                return done.body  # type: ignore[return-value]
+            under_way = self._encoding.get(key)
+            if under_way is not None and under_way.snapshot is snapshot:
+                if done is not None:
+                    return done.body  # type: ignore[return-value]
+                mine = None
+            else:
+                mine = under_way = self._encoding[key] = _Encoded(snapshot)
+        if mine is None:
+            under_way.done.wait()
+            # None: that encoding raised; this scrape tries it again itself.
+            return under_way.body or self._answer(snapshot, key)
+        try:
+            mine.body = _compressed(self._writer.encode(snapshot, key[0]), key[1])
+        finally:
+            with self._lock:
+                if self._encoding.get(key) is mine:
+                    del self._encoding[key]
+                # A scrape that read the latest snapshot just before a newer one came may
+                # finish after that one's encoding: the newer answer stays.
+                if mine.body is not None and (key not in self._done or self._latest() is snapshot):
+                    self._done[key] = mine
+            mine.done.set()
+        return mine.body
 
-def _encoded(
-    registry: CollectorRegistry,
-    key: tuple[str, bool],
-    encoder: Callable[[CollectorRegistry], bytes],
-    snapshot: Snapshot | None = None,
-    writer: Exposition | None = None,
-) -> bytes:
-    form = format_of(encoder)
-    if snapshot is not None and writer is not None and form is not None:
-        body = writer.encode(snapshot, form)  # the same bytes, a fraction of the CPU
-    else:
-        body = encoder(registry)
-    if key[1]:
-        # Level 1, not gzip's 9: 0.4 ms instead of 3.7 ms for 8 GPUs' answer,
-        # 20% larger (12.5 KB instead of 10.4 KB); see bench/RESULTS.md.
-        body = gzip.compress(body, compresslevel=1)
-    return body
+
+def _compressed(body: bytes, compressed: bool) -> bytes:
+    # Level 1, not gzip's 9: 0.4 ms instead of 3.7 ms for 8 GPUs' answer,
+    # 20% larger (12.5 KB instead of 10.4 KB); see bench/RESULTS.md.
+    return gzip.compress(body, compresslevel=1) if compressed else body
 
 
 class Application:

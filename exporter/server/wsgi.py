@@ -107,52 +107,65 @@ class Connections:
 
     def admit(self, connection: socket.socket) -> Connection | None:
         """Hold a new connection; None when full of connections being answered."""
-        now = time.monotonic()
+        try:
+            held = Connection(connection.dup(), time.monotonic())
+        except OSError:  # out of descriptors: the new connection waits its turn
+            return None
+        evicted = None
         with self._changed:
             if len(self._held) >= self._limit:
                 waiting = [held for held in self._held.values() if held.deadline is not None]
                 if not waiting:
-                    return None
-                oldest = min(waiting, key=lambda held: held.since)
-                self._drop(oldest, shut=True)
-            try:
-                held = Connection(connection.dup(), now)
-            except OSError:  # out of descriptors: the new connection waits its turn
-                return None
-            self._held[id(held)] = held
-            if self._sweeper is None:
-                self._sweeper = threading.Thread(target=self._sweep, name="http-deadlines")
-                self._sweeper.daemon = True
-                self._sweeper.start()
-            elif self._sweeper_asleep:
-                self._sweeper_asleep = False
-                self._changed.notify()
-            return held
+                    evicted = held  # not held after all
+                else:
+                    evicted = min(waiting, key=lambda waiter: waiter.since)
+                    del self._held[id(evicted)]
+            if evicted is not held:
+                self._held[id(held)] = held
+                if self._sweeper is None:
+                    self._sweeper = threading.Thread(target=self._sweep, name="http-deadlines")
+                    self._sweeper.daemon = True
+                    self._sweeper.start()
+                elif self._sweeper_asleep:
+                    self._sweeper_asleep = False
+                    self._changed.notify()
+        # Descriptors are shut and closed outside the lock: those calls wait on the kernel.
+        if evicted is held:
+            held.close(shut=False)
+            return None
+        if evicted is not None:
+            evicted.close(shut=True)
+        return held
 
+    # A connection's own thread moves its deadline without the lock: each is one attribute
+    # written, and the sweeper reads each deadline once. Taking the lock three times per
+    # request made ten concurrent scrapers queue for it.
     def idle(self, held: Connection) -> None:
         """The connection waits for its next request, for at most KEEP_ALIVE_TIMEOUT."""
-        with self._changed:
-            held.since = time.monotonic()
-            held.deadline, held.idle = held.since + KEEP_ALIVE_TIMEOUT, True
+        held.since = time.monotonic()
+        held.idle = True
+        held.deadline = held.since + KEEP_ALIVE_TIMEOUT
 
     def request_started(self, held: Connection) -> float:
         """A request line came in: the rest of its request within REQUEST_TIMEOUT."""
-        with self._changed:
-            if held.idle and held.deadline is not None:
-                held.deadline = time.monotonic() + REQUEST_TIMEOUT
-                held.idle = False
-            return held.deadline or time.monotonic() + REQUEST_TIMEOUT
+        deadline = held.deadline
+        if held.idle and deadline is not None:
+            deadline = held.deadline = time.monotonic() + REQUEST_TIMEOUT
+            held.idle = False
+        return deadline or time.monotonic() + REQUEST_TIMEOUT
 
     def answering(self, held: Connection) -> None:
         """The request is in: no deadline, and never closed to make room, while answered."""
-        with self._changed:
-            held.deadline = None
+        held.deadline = None
 
     def leave(self, held: Connection) -> None:
         """The connection ended (unless it was shut down already)."""
         with self._changed:
-            if self._held.get(id(held)) is held:
-                self._drop(held, shut=False)
+            mine = self._held.get(id(held)) is held
+            if mine:
+                del self._held[id(held)]
+        if mine:
+            held.close(shut=False)
 
     def close(self) -> None:
         """Shut down the connections waiting for a request (those being answered finish)."""
@@ -169,14 +182,21 @@ class Connections:
 
     def _sweep(self) -> None:
         """Shut down the connections past their deadline, once a second while any is held."""
-        with self._changed:
-            while not self._closed:
-                now = time.monotonic()
+        while True:
+            with self._changed:
+                if self._closed:
+                    return
+                now, late = time.monotonic(), []
                 for held in list(self._held.values()):
-                    if held.deadline is not None and held.deadline <= now:
-                        self._drop(held, shut=True)
-                self._sweeper_asleep = not self._held
-                self._changed.wait(None if self._sweeper_asleep else 1.0)
+                    deadline = held.deadline
+                    if deadline is not None and deadline <= now:
+                        del self._held[id(held)]
+                        late.append(held)
+                self._sweeper_asleep = not self._held and not late
+                if not late:
+                    self._changed.wait(None if self._sweeper_asleep else 1.0)
+            for held in late:
+                held.close(shut=True)
 
 
 class Answer(NamedTuple):
