@@ -29,7 +29,3 @@ class ProblemLog:
         """Log at info once when a reported problem under `key` has gone away."""
         if self._ongoing.pop(key, None) is not None:
             self._logger.info(message, *args)
-
-    def ongoing(self) -> int:
-        """How many problems are currently reported and not resolved."""
-        return len(self._ongoing)

@@ -1,10 +1,13 @@
 """The collector framework: the registry, samples, and the per-call error boundary.
 
 A collector module defines the metric families it exports and a class whose
-`collect` reads one GPU (or, with ``scope="node"``, the node) and yields
-`Sample`s. It registers itself with `@register` when imported, so that the
-`--collector.NAME` flags and the ``collectors.NAME.enabled`` keys exist for it
-without any central list to edit.
+`collect(device, read)` reads one GPU (or, with ``scope="node"``, `collect(read)` reads the
+node) and yields `Sample`s. One instance per GPU, so it may keep per-GPU state. It registers
+itself with `@register` when imported, so that the `--collector.NAME` flags and the
+``collectors.NAME.enabled`` keys exist for it without any central list to edit.
+
+A collector holding NVML resources (GPM samples, an event thread) also defines ``close()``; the
+framework calls it before the GPU's handle is dropped and before NVML shuts down.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal, NamedTuple, Protocol, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import pynvml
 
@@ -201,30 +204,11 @@ def seconds_family(ratio: Family, how: str) -> Family:
     )
 
 
-class DeviceCollector(Protocol):
-    """Reads one GPU. One instance per GPU, so it may keep per-GPU state.
-
-    A collector holding NVML resources (GPM samples, an event thread) also defines
-    ``close()``; the framework calls it before the GPU's handle is dropped and
-    before NVML shuts down.
-    """
-
-    def collect(self, device: Device, read: Reader) -> Iterable[Sample]:
-        """Yield this collector's samples for `device`."""
-
-
 # A collector may also define ``fields(slow_due) -> Sequence[FieldId]``: the field values its
 # next `collect` will read. The framework reads those of all its collectors in one
 # nvmlDeviceGetFieldValues call first (`Device.read_fields_ahead`), and `device.field_values`
 # serves them from it; a field not listed is still read, in a call of its own.
 FieldId = int | tuple[int, int]
-
-
-class NodeCollector(Protocol):
-    """Reads node-wide values (the driver), once per cycle."""
-
-    def collect(self, read: Reader) -> Iterable[Sample]:
-        """Yield this collector's samples for the node."""
 
 
 @dataclass(frozen=True)

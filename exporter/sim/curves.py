@@ -15,8 +15,6 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-PATTERNS = ("constant", "sawtooth", "square", "sine", "ramp")
-
 # Noise changes six times a second, the rate at which NVML refreshes utilization samples.
 NOISE_BUCKETS_PER_SECOND = 6
 

@@ -68,7 +68,6 @@ LINK_FIELDS = {
     "nvlink_crc": pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC,
     "nvlink_state": pynvml.NVML_FI_DEV_NVLINK_GET_STATE,
 }
-_GPM_METRICS = tuple(nvml.GPM_METRICS)
 _COMPUTE_SLICES = re.compile(r"^(\d+)c\.")
 _GPU_INSTANCE_SLICES = re.compile(r"^(\d+)g\.")
 
