@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 from exporter import __version__, config
 from exporter.collectors import REGISTRY
 from exporter.relay import arguments as relay_arguments
+from exporter.settings import parse_duration, with_flag_names
 
 # Command-line flag -> configuration key path.
 _SERVE_FLAGS = {
@@ -294,7 +295,7 @@ def _serve(args: argparse.Namespace) -> int:
         )
     except config.ConfigError as error:
         flags = {setting: flag for flag, (setting, _help) in _SERVE_FLAGS.items()}
-        named = config.with_flag_names(str(error), lambda key: flags.get(key, "--" + key))
+        named = with_flag_names(str(error), lambda key: flags.get(key, "--" + key))
         print(f"gpuload: {named}", file=sys.stderr)
         return 2
     if settings.simulate.scenario:
@@ -359,8 +360,8 @@ def _doctor(args: argparse.Namespace) -> int:
     from exporter.doctor.command import Options, run
 
     try:
-        duration = None if args.duration is None else config.parse_duration(args.duration)
-        interval = config.parse_duration(args.interval)
+        duration = None if args.duration is None else parse_duration(args.duration)
+        interval = parse_duration(args.interval)
     except ValueError as error:
         print(f"gpuload doctor: {error}", file=sys.stderr)
         return 2

@@ -9,28 +9,32 @@ error names the key path, where it came from and what was expected.
 from __future__ import annotations
 
 import difflib
-import math
-import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
+from exporter.settings import (
+    ConfigError,
+    integer,
+    number,
+    optional,
+    parse_bool,
+    parse_choice,
+    parse_duration,
+    parse_listen_address,
+    parse_positive_integer,
+    parse_url_path,
+    read_env,
+    read_settings_file,
+    shown,
+)
 
 if TYPE_CHECKING:
     from exporter.relay.config import RelayConfig
     from exporter.server.webconfig import WebSecurity
 
-ENV_PREFIX = "GPULOAD_"
-# Variables of others: the simulated NVML in programs started by `gpuload sim exec`, and
-# the relay's settings, which may share an environment with the exporter.
-_RESERVED_ENV_PREFIXES = ("GPULOAD_SIM_", "GPULOAD_RELAY_")
 DEFAULT_PORT = 19400
-
-
-class ConfigError(ValueError):
-    """A setting is unknown or has a bad value; the message names its key path."""
 
 
 @dataclass(frozen=True)
@@ -105,232 +109,30 @@ class Config:
         return self.collect_timeout or max(0.1, self.collect_interval * 0.8)
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-_ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-]*):(\d{1,5})$")
-
-
-# The longest duration any setting takes: a year (the relay's dead-letter retention is a week).
-MAX_DURATION_SECONDS = 366 * 86400.0
-
-
-def parse_duration(value: Any) -> float:
-    """Seconds from a number or a string like ``500ms``, ``1s``, ``2m``: finite, up to a year."""
-    if isinstance(value, bool):
-        raise ValueError("expected a duration like 1s, 500ms or a number of seconds")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        match = _DURATION.match(str(value).strip())
-        if not match:
-            raise ValueError("expected a duration like 1s, 500ms or a number of seconds")
-        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError("expected a duration above zero, like 1s, 500ms or 5m")
-    if seconds > MAX_DURATION_SECONDS:
-        raise ValueError("expected a duration of at most a year (8784h)")
-    return seconds
-
-
-# Words in a key's name that say its value is a secret: such values are never shown in an error.
-_SECRET_WORDS = ("token", "secret", "password", "url", "credential", "key")
-
-
-def with_flag_names(message: str, flag_of: Callable[[str], str]) -> str:
-    """A config error about a flag, naming the flag as typed: "flag --sim.epoch", not its key."""
-    if not message.startswith("flag "):
-        return message
-    key, _, rest = message.removeprefix("flag ").partition(":")
-    return f"flag {flag_of(key)}:{rest}"
-
-
-def shown(key: str, value: Any) -> str:
-    """A value for an error message: repr(value), or only its kind for a key that names a secret."""
-    name = key.rsplit(".", 1)[-1].lower()
-    if any(word in name for word in _SECRET_WORDS):
-        return f"a {type(value).__name__} (not shown: the key names a secret)"
-    return repr(value)
-
-
-class _NoAliasLoader(yaml.SafeLoader):
-    """YAML without aliases, which no setting needs.
-
-    `*name` re-uses a node, and a few of them nested expand to gigabytes (a "billion laughs")
-    before any key is checked.
-    """
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            event = self.peek_event()
-            raise yaml.MarkedYAMLError(
-                problem="aliases (*name) are not accepted in a config file",
-                problem_mark=event.start_mark,
-            )
-        return super().compose_node(parent, index)
-
-
-def load_yaml(text: str, where: str) -> Any:
-    """Parse a config file's YAML; an error says the line and the problem, never the text there.
-
-    Raises:
-        ConfigError: naming ``where`` and the line.
-    """
-    try:
-        return yaml.load(text, Loader=_NoAliasLoader)
-    except yaml.MarkedYAMLError as error:
-        mark = error.problem_mark or error.context_mark
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = error.problem or error.context or "not valid YAML"
-        raise ConfigError(f"{where}: not valid YAML{at}: {problem}") from None
-    except yaml.YAMLError:
-        raise ConfigError(f"{where}: not valid YAML") from None
-
-
-def parse_bool(value: Any) -> bool:
-    """A boolean from YAML or from the words true/false/1/0/yes/no."""
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes", "on"):
-        return True
-    if text in ("false", "0", "no", "off"):
-        return False
-    raise ValueError("expected true or false")
-
-
-def parse_listen_address(value: Any) -> str:
-    """``host:port``, ``:port`` (all interfaces) or ``[v6]:port``; port 0 picks a free one."""
-    text = str(value)
-    match = _ADDRESS.match(text)
-    if not match or int(match.group(2)) > 65535:
-        raise ValueError("expected host:port, :port or [ipv6]:port with a port 0-65535")
-    return text
-
-
-def parse_choice(*allowed: str) -> Callable[[Any], str]:
-    """A parser accepting one of `allowed` (case-insensitive), returned lower-case."""
-
-    def parse(value: Any) -> str:
-        text = str(value).lower()
-        if text not in allowed:
-            raise ValueError(f"expected one of {', '.join(allowed)}")
-        return text
-
-    return parse
-
-
-def parse_url_path(value: Any) -> str:
-    """An HTTP path such as /metrics."""
-    text = str(value)
-    if not text.startswith("/"):
-        raise ValueError("expected a path starting with /")
-    return text
-
-
-def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda value: None if value is None else parse(value)
-
-
-def _number(value: Any) -> float:
-    try:
-        if isinstance(value, bool):
-            raise ValueError
-        return float(value)
-    except ValueError:
-        raise ValueError("expected a number, e.g. 1767225600 (unix seconds) or 2.5") from None
-
-
-def _integer(value: Any) -> int:
-    try:
-        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-            raise ValueError
-        return int(value)
-    except ValueError:
-        raise ValueError("expected a whole number, e.g. 42") from None
-
-
 # Every scalar setting, by key path. Collectors' `collectors.NAME.enabled` keys
 # come from the collector registry and are added by `load`.
 _SETTINGS: dict[str, Callable[[Any], Any]] = {
     "web.listen_address": parse_listen_address,
     "web.telemetry_path": parse_url_path,
-    "web.config_file": _optional(str),
+    "web.config_file": optional(str),
     "log.level": parse_choice("debug", "info", "warning", "error"),
     "log.format": parse_choice("text", "json"),
     "collect_interval": parse_duration,
-    "collect_timeout": _optional(parse_duration),
+    "collect_timeout": optional(parse_duration),
     "collect_slow_interval": parse_duration,
     "metrics_profile": parse_choice("minimal", "default", "full"),
-    "simulate.scenario": _optional(str),
-    "simulate.epoch": _optional(_number),
-    "simulate.seed": _optional(_integer),
-    "simulate.time": _optional(_number),
+    "simulate.scenario": optional(str),
+    "simulate.epoch": optional(number),
+    "simulate.seed": optional(integer),
+    "simulate.time": optional(number),
     # The simulator's callers (exporter/sim/scenario.py CALLERS), named here so that a real
     # deployment's configuration never imports the simulator.
-    "simulate.caller": _optional(parse_choice("root", "unprivileged", "unprivileged-no-host-pid")),
+    "simulate.caller": optional(parse_choice("root", "unprivileged", "unprivileged-no-host-pid")),
 }
-
-
-def env_name(key: str, prefix: str = ENV_PREFIX) -> str:
-    """The environment variable of a key path: web.listen_address -> GPULOAD_WEB_LISTEN_ADDRESS."""
-    return prefix + key.upper().replace(".", "_")
 
 
 # Sections of `gpuload serve`'s file that are structures of their own, not settings.
 _STRUCTURES = ("alerting",)
-
-
-def flatten(tree: Mapping[Any, Any], structures: Collection[str] = ()) -> dict[str, Any]:
-    """Key paths to values: {"web": {"listen_address": x}} -> {"web.listen_address": x}.
-
-    A mapping under one of `structures` stays whole, under its own key path.
-    """
-    flat: dict[str, Any] = {}
-
-    def walk(node: Mapping[Any, Any], prefix: str) -> None:
-        for key, value in node.items():
-            path = f"{prefix}.{key}" if prefix else str(key)
-            if isinstance(value, Mapping) and path not in structures:
-                walk(value, path)
-            else:
-                flat[path] = value
-
-    walk(tree, "")
-    return flat
-
-
-def read_settings_file(path: Path, structures: Collection[str] = ()) -> dict[str, Any]:
-    """A YAML settings file, flattened to key paths; errors name the file."""
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise ConfigError(f"config file {path}: cannot read it ({error.strerror})") from None
-    tree = load_yaml(text, f"config file {path}")
-    if tree is None:
-        return {}
-    if not isinstance(tree, Mapping):
-        raise ConfigError(f"config file {path}: expected a mapping of settings at the top level")
-    return flatten(tree, structures)
-
-
-def read_env(
-    environ: Mapping[str, str],
-    settings: Collection[str],
-    *,
-    prefix: str = ENV_PREFIX,
-    skip: tuple[str, ...] = _RESERVED_ENV_PREFIXES,
-    program: str = "gpuload",
-) -> dict[str, Any]:
-    """The settings given as `prefix`+KEY_PATH variables; any other such variable is an error."""
-    by_name = {env_name(key, prefix): key for key in settings}
-    found: dict[str, Any] = {}
-    for name, value in environ.items():
-        if not name.startswith(prefix) or name.startswith(skip):
-            continue
-        if name not in by_name:
-            raise ConfigError(f"environment variable {name}: not a {program} setting")
-        found[by_name[name]] = value
-    return found
 
 
 def load(
@@ -401,24 +203,17 @@ def load(
         web=replace(
             config.web,
             config_file=web_config,
-            security=load_web_config(web_config, f"{source} web.config_file"),
+            security=_web_security(web_config, f"{source} web.config_file"),
         ),
     )
 
 
-def load_web_config(path: str, where: str) -> WebSecurity:
-    """Read and check a web config file; errors start with `where` (source and key path).
-
-    Raises:
-        ConfigError: naming the key path and the key in the web config file.
-    """
-    # Imported here: the web config module imports this one's parsers.
+def _web_security(path: str, where: str) -> WebSecurity:
+    # Imported here: bcrypt, which the web config module imports, stays out of a daemon
+    # without a web config file.
     from exporter.server import webconfig
 
-    try:
-        return webconfig.load(path)
-    except ConfigError as error:
-        raise ConfigError(f"{where}: {error}") from None
+    return webconfig.load_setting(path, where)
 
 
 # The queue file of local alerts, unless `alerting.queue.path` says otherwise.
@@ -449,7 +244,8 @@ def _alerting(tree: Any, base: Path, environ: Mapping[str, str]) -> AlertingConf
         if not isinstance(value, str) or not value:
             raise ConfigError(f"config file alerting.{key}: {value!r} is not valid: expected text")
     relay_part = {key: value for key, value in tree.items() if key not in _ALERTING_KEYS}
-    # Imported here: the relay's configuration imports this module's parsers.
+    # Imported here: the relay's configuration (~1.6 MB) stays out of a daemon without
+    # an alerting section.
     from exporter.relay.config import load_section
 
     delivery = load_section(
@@ -482,14 +278,6 @@ def _parser_like(default: Any) -> Callable[[Any], Any]:
     if isinstance(default, float):
         return parse_duration
     return str
-
-
-def parse_positive_integer(value: Any) -> int:
-    """An integer of at least 1 (not a bool, not a fraction)."""
-    number = _integer(value)
-    if number < 1:
-        raise ValueError("expected an integer of at least 1")
-    return number
 
 
 def _hint(key: str, settings: Mapping[str, Any]) -> str:

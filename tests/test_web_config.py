@@ -39,7 +39,8 @@ from exporter import config
 from exporter.relay import arguments as relay_arguments
 from exporter.relay import config as relay_config
 from exporter.server import webconfig
-from exporter.server.wsgi import PREFLIGHTED, Server
+from exporter.server.answers import PREFLIGHTED
+from exporter.server.wsgi import Server
 
 PASSWORD = "correct horse battery staple"
 # Cost 4: the tests are about the checks, not bcrypt's slowness.

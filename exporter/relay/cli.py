@@ -13,9 +13,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from exporter.config import with_flag_names
 from exporter.relay import config
 from exporter.relay.arguments import FLAGS, flag_name
+from exporter.settings import with_flag_names
 
 if TYPE_CHECKING:
     from exporter.relay.payload import Notification

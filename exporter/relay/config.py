@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exporter.config import (
+from exporter.relay.arguments import DEFAULT_PORT
+from exporter.relay.routes import Route, parse_matcher
+from exporter.relay.target_config import Secret, TargetConfig
+from exporter.settings import (
     ConfigError,
     flatten,
-    load_web_config,
     parse_bool,
     parse_choice,
     parse_duration,
@@ -31,9 +33,7 @@ from exporter.config import (
     read_settings_file,
     shown,
 )
-from exporter.config import env_name as settings_env_name
-from exporter.relay.arguments import DEFAULT_PORT
-from exporter.relay.routes import Route, parse_matcher
+from exporter.settings import env_name as settings_env_name
 
 if TYPE_CHECKING:
     from exporter.server.webconfig import WebSecurity
@@ -41,17 +41,6 @@ if TYPE_CHECKING:
 ENV_PREFIX = "GPULOAD_RELAY_"
 
 __all__ = ["ConfigError", "RelayConfig", "Secret", "TargetConfig", "load", "startup_warnings"]
-
-
-@dataclass(frozen=True)
-class Secret:
-    """A secret value and where it came from; only the source is ever shown."""
-
-    value: str = field(repr=False)
-    source: str = "config file"
-
-    def __str__(self) -> str:
-        return f"<secret from {self.source}>"
 
 
 @dataclass(frozen=True)
@@ -113,23 +102,6 @@ class LogConfig:
 
     level: str = "info"
     format: str = "text"
-
-
-@dataclass(frozen=True)
-class TargetConfig:
-    """One delivery target: its kind, where it is and how it is signed."""
-
-    name: str
-    kind: str
-    url: Secret | None = None
-    secret: Secret | None = None
-    routing_key: Secret | None = None
-    template: str | None = None
-    min_interval: float | None = None
-    timeout: float | None = None
-    at_mobiles: tuple[str, ...] = ()
-    at_all: bool = False
-    content_type: str = "application/json"
 
 
 @dataclass(frozen=True)
@@ -266,7 +238,11 @@ def load(
         source = sources["web.config_file"]
         if source == "config file" and file:
             values["web.config_file"] = str(Path(file).parent / values["web.config_file"])
-        security = load_web_config(values["web.config_file"], f"{source} web.config_file")
+        # Imported here: bcrypt, which the web config module imports, only with such a file.
+        from exporter.server import webconfig
+
+        where = f"{source} web.config_file"
+        security = webconfig.load_setting(values["web.config_file"], where)
     secrets = _Secrets(Path(file).parent if file else Path.cwd(), environ)
     _all_secrets_present(from_file, secrets, "")
     targets = _targets(from_file.get("targets"), secrets)
@@ -366,7 +342,7 @@ def _all_secrets_present(tree: Mapping[str, Any], secrets: _Secrets, prefix: str
         if not isinstance(node, str) or not path.endswith(("_env", "_file")):
             return
         if path == "web.config_file":
-            return  # not a secret: load_web_config reads and checks it
+            return  # not a secret: webconfig.load_setting reads and checks it
         try:
             if path.endswith("_env"):
                 secrets._from_env(node, prefix + path)
@@ -454,7 +430,8 @@ _TARGET_KEYS = {
 
 
 def _targets(tree: Any, secrets: _Secrets) -> dict[str, TargetConfig]:
-    # Imported here: the target modules import this one for TargetConfig.
+    # Imported here: every target module, and jinja2 with the templates, only where
+    # targets are configured.
     from exporter.relay.targets import KINDS
     from exporter.relay.templates import TemplateError, compile_template
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import bcrypt
 
-from exporter.config import ConfigError, load_yaml, parse_bool
-from exporter.server.wsgi import Answer, refused_unless_preflighted
+from exporter.server.answers import Answer, refused_unless_preflighted
+from exporter.settings import ConfigError, load_yaml, parse_bool
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +185,18 @@ class _Problem(Exception):
 
     def __init__(self, key: str, problem: str) -> None:
         super().__init__(f"{key}: {problem}")
+
+
+def load_setting(path: str, where: str) -> WebSecurity:
+    """`load` for a setting naming the file; errors start with ``where`` (source and key path).
+
+    Raises:
+        ConfigError: naming the key path and the key in the web config file.
+    """
+    try:
+        return load(path)
+    except ConfigError as error:
+        raise ConfigError(f"{where}: {error}") from None
 
 
 def load(path: str | Path) -> WebSecurity:

@@ -30,8 +30,10 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from socketserver import StreamRequestHandler, TCPServer
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
+
+from exporter.server.answers import PREFLIGHTED, Answer, Preflight
 
 if TYPE_CHECKING:
     from exporter.server.webconfig import Watcher, WebSecurity
@@ -197,37 +199,6 @@ class Connections:
                     self._changed.wait(None if self._sweeper_asleep else 1.0)
             for held in late:
                 held.close(shut=True)
-
-
-class Answer(NamedTuple):
-    """A whole answer: status line's status, headers, body."""
-
-    status: str
-    headers: list[tuple[str, str]]
-    body: bytes
-
-
-# An application's `preflight(environ)`: called with a request's head, before its body is
-# read; an Answer refuses the request (unauthorized, too large, wrong method) there and then.
-Preflight = Callable[[dict[str, Any]], Answer | None]
-# Set in the environ once this server has run the application's preflight.
-PREFLIGHTED = "gpuload.preflighted"
-
-
-def refused_unless_preflighted(
-    preflight: Preflight, environ: dict[str, Any], start_response: StartResponse
-) -> list[bytes] | None:
-    """The preflight's refusal where no server ran it (another WSGI server), else None.
-
-    Then the body is read already: the check comes late, but it is never skipped.
-    """
-    if environ.get(PREFLIGHTED):
-        return None
-    refused = preflight(environ)
-    if refused is None:
-        return None
-    start_response(refused.status, refused.headers)
-    return [refused.body]
 
 
 class _BadRequest(Exception):

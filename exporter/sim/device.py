@@ -1,6 +1,6 @@
 """One simulated GPU: its identity and its readings at any elapsed time.
 
-:class:`SimulatedGpu` turns a scenario's :class:`~exporter.sim.scenario.GpuSpec` into the numbers
+:class:`SimulatedGpu` turns a scenario's :class:`~exporter.sim.model.GpuSpec` into the numbers
 the C functions report, in NVML's own units where those are natural (bytes, degrees C, MHz) and in
 SI units otherwise (watts, joules, bytes per second); the library converts at the boundary.
 :class:`MigDevice` does the same for one MIG instance of a GPU in MIG mode. All methods are pure
@@ -22,7 +22,7 @@ from exporter.sim.curves import (
     stable_int,
     unit_noise,
 )
-from exporter.sim.scenario import CLOCK_EVENT_REASONS, Fault, GpuSpec, MigInstanceSpec
+from exporter.sim.model import CLOCK_EVENT_REASONS, Fault, GpuSpec, MigInstanceSpec
 
 # Handles are fake pointers: a recognisable base plus a stride per GPU index, never dereferenced.
 HANDLE_BASE = 0x6E7600000000

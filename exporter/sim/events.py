@@ -41,7 +41,7 @@ from exporter.sim.functions import (
     target,
     write_pointer,
 )
-from exporter.sim.scenario import Fault
+from exporter.sim.model import Fault
 
 if TYPE_CHECKING:
     from exporter.sim.library import SimulatedNvml

@@ -59,7 +59,7 @@ from exporter.sim.functions import (
     error_string,
 )
 from exporter.sim.gpm import GpmSamples
-from exporter.sim.scenario import Fault, Scenario
+from exporter.sim.model import Fault, Scenario
 
 __all__ = ["FUNCTION_NAMES", "CFunction", "SimulatedNvml"]
 

@@ -32,7 +32,7 @@ from exporter.sim.functions import (
     integer,
     target,
 )
-from exporter.sim.scenario import ARCHITECTURES, NVLINK_ERROR_COUNTERS
+from exporter.sim.model import ARCHITECTURES, NVLINK_ERROR_COUNTERS
 
 LinkHandler = Callable[..., int]
 

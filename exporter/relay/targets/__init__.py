@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporter.relay.config import TargetConfig
+from exporter.relay.target_config import TargetConfig
 from exporter.relay.targets import (  # noqa: F401  (imported to register their kinds)
     dingtalk,
     discord,

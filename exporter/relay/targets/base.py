@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from exporter.problems import ProblemLog
-from exporter.relay.config import TargetConfig
 from exporter.relay.payload import Notification
+from exporter.relay.target_config import TargetConfig
 from exporter.relay.templates import MessageSettings, TemplateError, compile_template, render
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,237 @@
+"""What every program's configuration is read with: errors, YAML, parsers, files and variables.
+
+`exporter.config` (gpuload serve's settings), `exporter.relay.config` (the relay's) and
+`exporter.server.webconfig` (the web config file) build on this module; it imports none of them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENV_PREFIX = "GPULOAD_"
+# Variables of others: the simulated NVML in programs started by `gpuload sim exec`, and
+# the relay's settings, which may share an environment with the exporter.
+_RESERVED_ENV_PREFIXES = ("GPULOAD_SIM_", "GPULOAD_RELAY_")
+
+
+class ConfigError(ValueError):
+    """A setting is unknown or has a bad value; the message names its key path."""
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_ADDRESS = re.compile(r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-]*):(\d{1,5})$")
+
+
+# The longest duration any setting takes: a year (the relay's dead-letter retention is a week).
+MAX_DURATION_SECONDS = 366 * 86400.0
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number or a string like ``500ms``, ``1s``, ``2m``: finite, up to a year."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration like 1s, 500ms or a number of seconds")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        match = _DURATION.match(str(value).strip())
+        if not match:
+            raise ValueError("expected a duration like 1s, 500ms or a number of seconds")
+        seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError("expected a duration above zero, like 1s, 500ms or 5m")
+    if seconds > MAX_DURATION_SECONDS:
+        raise ValueError("expected a duration of at most a year (8784h)")
+    return seconds
+
+
+# Words in a key's name that say its value is a secret: such values are never shown in an error.
+_SECRET_WORDS = ("token", "secret", "password", "url", "credential", "key")
+
+
+def with_flag_names(message: str, flag_of: Callable[[str], str]) -> str:
+    """A config error about a flag, naming the flag as typed: "flag --sim.epoch", not its key."""
+    if not message.startswith("flag "):
+        return message
+    key, _, rest = message.removeprefix("flag ").partition(":")
+    return f"flag {flag_of(key)}:{rest}"
+
+
+def shown(key: str, value: Any) -> str:
+    """A value for an error message: repr(value), or only its kind for a key that names a secret."""
+    name = key.rsplit(".", 1)[-1].lower()
+    if any(word in name for word in _SECRET_WORDS):
+        return f"a {type(value).__name__} (not shown: the key names a secret)"
+    return repr(value)
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """YAML without aliases, which no setting needs.
+
+    `*name` re-uses a node, and a few of them nested expand to gigabytes (a "billion laughs")
+    before any key is checked.
+    """
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.MarkedYAMLError(
+                problem="aliases (*name) are not accepted in a config file",
+                problem_mark=event.start_mark,
+            )
+        return super().compose_node(parent, index)
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """Parse a config file's YAML; an error says the line and the problem, never the text there.
+
+    Raises:
+        ConfigError: naming ``where`` and the line.
+    """
+    try:
+        return yaml.load(text, Loader=_NoAliasLoader)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = error.problem or error.context or "not valid YAML"
+        raise ConfigError(f"{where}: not valid YAML{at}: {problem}") from None
+    except yaml.YAMLError:
+        raise ConfigError(f"{where}: not valid YAML") from None
+
+
+def parse_bool(value: Any) -> bool:
+    """A boolean from YAML or from the words true/false/1/0/yes/no."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def parse_listen_address(value: Any) -> str:
+    """``host:port``, ``:port`` (all interfaces) or ``[v6]:port``; port 0 picks a free one."""
+    text = str(value)
+    match = _ADDRESS.match(text)
+    if not match or int(match.group(2)) > 65535:
+        raise ValueError("expected host:port, :port or [ipv6]:port with a port 0-65535")
+    return text
+
+
+def parse_choice(*allowed: str) -> Callable[[Any], str]:
+    """A parser accepting one of `allowed` (case-insensitive), returned lower-case."""
+
+    def parse(value: Any) -> str:
+        text = str(value).lower()
+        if text not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}")
+        return text
+
+    return parse
+
+
+def parse_url_path(value: Any) -> str:
+    """An HTTP path such as /metrics."""
+    text = str(value)
+    if not text.startswith("/"):
+        raise ValueError("expected a path starting with /")
+    return text
+
+
+def optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A parser that lets None through and parses anything else with ``parse``."""
+    return lambda value: None if value is None else parse(value)
+
+
+def number(value: Any) -> float:
+    """A number, not a bool."""
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        return float(value)
+    except ValueError:
+        raise ValueError("expected a number, e.g. 1767225600 (unix seconds) or 2.5") from None
+
+
+def integer(value: Any) -> int:
+    """A whole number, not a bool and not a fraction."""
+    try:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError
+        return int(value)
+    except ValueError:
+        raise ValueError("expected a whole number, e.g. 42") from None
+
+
+def env_name(key: str, prefix: str = ENV_PREFIX) -> str:
+    """The environment variable of a key path: web.listen_address -> GPULOAD_WEB_LISTEN_ADDRESS."""
+    return prefix + key.upper().replace(".", "_")
+
+
+def flatten(tree: Mapping[Any, Any], structures: Collection[str] = ()) -> dict[str, Any]:
+    """Key paths to values: {"web": {"listen_address": x}} -> {"web.listen_address": x}.
+
+    A mapping under one of `structures` stays whole, under its own key path.
+    """
+    flat: dict[str, Any] = {}
+
+    def walk(node: Mapping[Any, Any], prefix: str) -> None:
+        for key, value in node.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if isinstance(value, Mapping) and path not in structures:
+                walk(value, path)
+            else:
+                flat[path] = value
+
+    walk(tree, "")
+    return flat
+
+
+def read_settings_file(path: Path, structures: Collection[str] = ()) -> dict[str, Any]:
+    """A YAML settings file, flattened to key paths; errors name the file."""
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"config file {path}: cannot read it ({error.strerror})") from None
+    tree = load_yaml(text, f"config file {path}")
+    if tree is None:
+        return {}
+    if not isinstance(tree, Mapping):
+        raise ConfigError(f"config file {path}: expected a mapping of settings at the top level")
+    return flatten(tree, structures)
+
+
+def read_env(
+    environ: Mapping[str, str],
+    settings: Collection[str],
+    *,
+    prefix: str = ENV_PREFIX,
+    skip: tuple[str, ...] = _RESERVED_ENV_PREFIXES,
+    program: str = "gpuload",
+) -> dict[str, Any]:
+    """The settings given as `prefix`+KEY_PATH variables; any other such variable is an error."""
+    by_name = {env_name(key, prefix): key for key in settings}
+    found: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(prefix) or name.startswith(skip):
+            continue
+        if name not in by_name:
+            raise ConfigError(f"environment variable {name}: not a {program} setting")
+        found[by_name[name]] = value
+    return found
+
+
+def parse_positive_integer(value: Any) -> int:
+    """An integer of at least 1 (not a bool, not a fraction)."""
+    number = integer(value)
+    if number < 1:
+        raise ValueError("expected an integer of at least 1")
+    return number
