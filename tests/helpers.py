@@ -21,9 +21,10 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import sim
-from exporter.collection import Collection, Snapshot
+from exporter.collection import Collection
 from exporter.collectors import REGISTRY
 from exporter.server.exposition import TEXT, Exposition, ProcessMetrics
+from exporter.snapshot import Snapshot
 
 ROOT = Path(__file__).resolve().parent.parent
 _LISTENING = re.compile(r"listening on (https?://\S+/)")

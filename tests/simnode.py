@@ -13,10 +13,11 @@ from collections.abc import Callable
 from exporter import sim
 from exporter.alerting import states, thresholds
 from exporter.alerting.local import LocalAlerting
-from exporter.collection import Collection, Snapshot
+from exporter.collection import Collection
 from exporter.collectors import REGISTRY
 from exporter.doctor.sampling import SCENARIO_TIMEOUT_SECONDS, ScenarioClock
 from exporter.server.status import StatusPage
+from exporter.snapshot import Snapshot
 
 # A Unix time the scenarios start at: whole minutes, so "minute N" is a round timestamp.
 START = 1_800_000_000.0

@@ -15,10 +15,11 @@ import pytest
 from helpers import ROOT, Clock, exposition_text, parse_metrics, series, value_of, wait_until
 
 from exporter import config, sim
-from exporter.collection import Collection, Snapshot
+from exporter.collection import Collection
 from exporter.collectors import REGISTRY
 from exporter.collectors.processes import resolve_host_pid_namespace
 from exporter.sim.scenario import CALLERS, SCENARIO_DIR, load_scenario
+from exporter.snapshot import Snapshot
 
 SCENARIOS = sorted(path.stem for path in SCENARIO_DIR.glob("*.yaml"))
 # Reads NVML refuses to an unprivileged caller, as docs/reliability.md lists them: whole-GPU

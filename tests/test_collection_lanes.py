@@ -22,9 +22,10 @@ import pytest
 from helpers import Clock, exposition_text, parse_metrics, series, value_of
 
 from exporter import sim
-from exporter.collection import Collection, Snapshot, _Backoff
+from exporter.collection import Collection, _Backoff
 from exporter.collectors import REGISTRY
 from exporter.sim.library import SimulatedNvml
+from exporter.snapshot import Snapshot
 
 
 def _scenario(tmp_path: Path, gpus: int, latency: str, faults: str = "") -> Path:

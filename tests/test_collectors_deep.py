@@ -18,9 +18,10 @@ import pytest
 from helpers import Clock, exposition_text, parse_metrics, series, value_of
 
 from exporter import sim
-from exporter.collection import Collection, Snapshot
+from exporter.collection import Collection
 from exporter.collectors import REGISTRY
 from exporter.nvml import Device
+from exporter.snapshot import Snapshot
 
 ALL_ON = {name: True for name in REGISTRY}
 

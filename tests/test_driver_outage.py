@@ -13,8 +13,9 @@ import pytest
 from helpers import Clock, exposition_text, parse_metrics, series, simulated_node, value_of
 
 from exporter import sim
-from exporter.collection import Collection, Snapshot
+from exporter.collection import Collection
 from exporter.sim.scenario import Fault, load_scenario
+from exporter.snapshot import Snapshot
 
 GPUS = 4  # the faulty scenario's A100s
 PER_GPU = ("gpu_up", "gpu_info", "gpuload_gpu_stale", "gpu_utilization_ratio")

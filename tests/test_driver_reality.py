@@ -20,10 +20,11 @@ from exporter import sim
 from exporter.alerting import thresholds
 from exporter.alerting.evaluator import Evaluator
 from exporter.alerting.history import snapshot_samples
-from exporter.collection import Collection, Snapshot
+from exporter.collection import Collection
 from exporter.collectors import REGISTRY
 from exporter.sim import FUNCTION_NAMES, branches
 from exporter.sim.scenario import SCENARIO_DIR
+from exporter.snapshot import Snapshot
 
 # One H100 at 95% for a minute, then idle with its memory still held (in use, for the alerts):
 # nothing runs on it from 60 s, so its sample ring stops filling.

@@ -16,14 +16,7 @@ from prometheus_client.exposition import generate_latest as text_encoder
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_encoder
 
 from exporter import sim
-from exporter.collection import (
-    Collection,
-    CollectorRun,
-    Layout,
-    Snapshot,
-    each_family_samples,
-    shape_of,
-)
+from exporter.collection import Collection
 from exporter.collectors import REGISTRY, CollectorSpec, Family, Sample
 from exporter.server.exposition import (
     CONTENT_TYPES,
@@ -34,6 +27,7 @@ from exporter.server.exposition import (
     negotiate,
 )
 from exporter.sim.scenario import scenario_names
+from exporter.snapshot import CollectorRun, Layout, Snapshot, each_family_samples, shape_of
 
 ROOT = Path(__file__).resolve().parents[1]
 ENCODERS = {TEXT: text_encoder, OPENMETRICS: openmetrics_encoder}

@@ -6,9 +6,9 @@ import gzip
 import threading
 from typing import Any
 
-from exporter.collection import CollectorRun, Layout, Snapshot
 from exporter.collectors import CollectorSpec, Family, Sample
 from exporter.server.http import MetricsEndpoint
+from exporter.snapshot import CollectorRun, Layout, Snapshot
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 FAMILY = Family("gpu_test_value", "gauge", "A test value.")

@@ -20,9 +20,10 @@ import pytest
 from helpers import ROOT, Clock, exposition_text, parse_metrics, series
 
 from exporter import sim
-from exporter.collection import Collection, Snapshot
+from exporter.collection import Collection
 from exporter.collectors import REGISTRY
 from exporter.sim import ScenarioError, load_scenario
+from exporter.snapshot import Snapshot
 
 RECORDED_H200 = (
     ROOT.parent / "shared" / "reality" / "captures" / "linux-x86_64__nvidia-h200-mig__590.48.01.txt"

@@ -23,12 +23,13 @@ from helpers import exposition_text, parse_metrics, series, value_of, wait_until
 from kubelet_helpers import FakeKubelet, Pod, remove, short_socket_dir
 
 from exporter import nvml, sim
-from exporter.collection import Collection, Snapshot
+from exporter.collection import Collection
 from exporter.collectors import Reader, Sample
 from exporter.collectors.kubernetes import KubernetesCollector, Target, resolve
 from exporter.kubernetes import Allocation, PodResourcesError
 from exporter.kubernetes import podresources_v1_pb2 as api
 from exporter.kubernetes.podresources import PodResourcesClient
+from exporter.snapshot import Snapshot
 
 GPU = "nvidia.com/gpu"
 

@@ -27,7 +27,7 @@ from helpers import Clock, exposition_text, parse_metrics, simulated_node
 from exporter import sim
 from exporter.alerting import rules, thresholds
 from exporter.alerting.thresholds import RULES_DIR
-from exporter.collection import Snapshot
+from exporter.snapshot import Snapshot
 
 needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing")
 

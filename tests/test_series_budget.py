@@ -15,9 +15,10 @@ import pytest
 from helpers import Clock, exposition_text, parse_metrics, simulated_node
 
 from exporter import sim
-from exporter.collection import Collection, Snapshot
+from exporter.collection import Collection
 from exporter.collectors import REGISTRY
 from exporter.sim.scenario import SCENARIO_DIR
+from exporter.snapshot import Snapshot
 
 SCENARIOS = sorted(path.stem for path in SCENARIO_DIR.glob("*.yaml"))
 BUDGET = {"default": 80, "minimal": 25}

@@ -11,9 +11,10 @@ from pathlib import Path
 from helpers import Clock, exposition_text, parse_metrics, series, value_of
 
 from exporter import sim
-from exporter.collection import Collection, Snapshot
+from exporter.collection import Collection
 from exporter.collectors import REGISTRY
 from exporter.sim.library import SimulatedNvml
+from exporter.snapshot import Snapshot
 
 ALL_ON = {name: True for name in REGISTRY}
 

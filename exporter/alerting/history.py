@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from exporter.collection import Snapshot
+    from exporter.snapshot import Snapshot
 
 # A series' labels as sorted (name, value) pairs; the metric name is kept apart.
 Labels = tuple[tuple[str, str], ...]

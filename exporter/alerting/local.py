@@ -23,7 +23,7 @@ from exporter.alerting.evaluator import Alert, Evaluator, warm_up_seconds
 from exporter.alerting.history import History, Labels, Sample, snapshot_samples
 from exporter.alerting.inhibition import find_inhibitor
 from exporter.alerting.thresholds import Thresholds
-from exporter.collection import Snapshot
+from exporter.snapshot import Snapshot
 
 if TYPE_CHECKING:
     # Only for its type: delivery (the relay's targets, jinja2, requests) is imported by the

@@ -16,11 +16,12 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from exporter.alerting.local import LocalAlerting
-from exporter.collection import Collection, Snapshot
+from exporter.collection import Collection
 from exporter.config import Config
 from exporter.server.http import Application
 from exporter.server.status import StatusPage
 from exporter.server.wsgi import Server
+from exporter.snapshot import Snapshot
 
 if TYPE_CHECKING:
     from exporter.sim import SimulatedNvml

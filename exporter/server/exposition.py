@@ -23,8 +23,8 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import NamedTuple
 
-from exporter.collection import Layout, Snapshot, each_family_samples, shape_of
 from exporter.collectors.base import Family, Sample
+from exporter.snapshot import Layout, Snapshot, each_family_samples, shape_of
 
 TEXT = "text"
 OPENMETRICS = "openmetrics"

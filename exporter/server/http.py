@@ -17,8 +17,8 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from exporter import __version__
-from exporter.collection import Snapshot
 from exporter.server.exposition import Exposition, ProcessMetrics, gzip_accepted, negotiate
+from exporter.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from exporter.alerting.evaluator import Alert
 from exporter.alerting.history import Sample, snapshot_samples
 from exporter.alerting.local import LocalAlerting
 from exporter.alerting.thresholds import Thresholds
-from exporter.collection import GpuStatus, Snapshot
+from exporter.snapshot import GpuStatus, Snapshot
 
 StartResponse = Callable[..., Any]
 # Clock event reasons that hold the clocks down; the others (idle, application clocks, sync
