@@ -139,26 +139,26 @@ class Connections:
             evicted.close(shut=True)
         return held
 
-    # A connection's own thread moves its deadline without the lock: each is one attribute
-    # written, and the sweeper reads each deadline once. Taking the lock three times per
-    # request made ten concurrent scrapers queue for it.
     def idle(self, held: Connection) -> None:
         """The connection waits for its next request, for at most KEEP_ALIVE_TIMEOUT."""
-        held.since = time.monotonic()
-        held.idle = True
-        held.deadline = held.since + KEEP_ALIVE_TIMEOUT
+        with self._changed:
+            held.since = time.monotonic()
+            held.deadline, held.idle = held.since + KEEP_ALIVE_TIMEOUT, True
 
     def request_started(self, held: Connection) -> float:
         """A request line came in: the rest of its request within REQUEST_TIMEOUT."""
-        deadline = held.deadline
-        if held.idle and deadline is not None:
-            deadline = held.deadline = time.monotonic() + REQUEST_TIMEOUT
-            held.idle = False
-        return deadline or time.monotonic() + REQUEST_TIMEOUT
+        with self._changed:
+            if held.idle and held.deadline is not None:
+                held.deadline = time.monotonic() + REQUEST_TIMEOUT
+                held.idle = False
+            return held.deadline or time.monotonic() + REQUEST_TIMEOUT
 
     def answering(self, held: Connection) -> None:
         """The request is in: no deadline, and never closed to make room, while answered."""
-        held.deadline = None
+        # Under the lock, as `admit` and the sweeper choose which waiting connections to close:
+        # one that has started its answer is never chosen.
+        with self._changed:
+            held.deadline = None
 
     def leave(self, held: Connection) -> None:
         """The connection ended (unless it was shut down already)."""
@@ -190,8 +190,7 @@ class Connections:
                     return
                 now, late = time.monotonic(), []
                 for held in list(self._held.values()):
-                    deadline = held.deadline
-                    if deadline is not None and deadline <= now:
+                    if held.deadline is not None and held.deadline <= now:
                         del self._held[id(held)]
                         late.append(held)
                 self._sweeper_asleep = not self._held and not late
