@@ -49,10 +49,14 @@ class _Families:
             yield built
 
 
-def _prometheus_client(snapshot: Snapshot, form: str) -> bytes:
+def _registry_of(snapshot: Snapshot) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families(snapshot))
-    return ENCODERS[form](registry)
+    return registry
+
+
+def _prometheus_client(snapshot: Snapshot, form: str) -> bytes:
+    return ENCODERS[form](_registry_of(snapshot))
 
 
 def _writer() -> Exposition:
@@ -194,12 +198,6 @@ def test_an_openmetrics_version_not_written_here_is_answered_in_1_0_0_and_said_s
         OPENMETRICS,
         f"{CONTENT_TYPES[OPENMETRICS]}; escaping=underscores",
     )
-
-
-def _registry_of(snapshot: Snapshot) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(snapshot))
-    return registry
 
 
 def _shapes(text: str) -> dict[str, tuple[str, ...]]:

@@ -1,7 +1,7 @@
 """/metrics in the Prometheus text format or OpenMetrics 1.0.0, written from a snapshot's rows.
 
-Every family a snapshot holds (the collectors' and gpuload's own, `exporter.collection`) and the
-process's own (`process_samples`) is written the same way: one format string per family, its
+Every family a snapshot holds (the collectors' and gpuload's own, `exporter.snapshot`) and the
+process's own (`ProcessMetrics`) is written the same way: one format string per family, its
 labels sorted by name, a label value escaped only when it holds a backslash, a newline or a
 double quote. The bytes are those prometheus_client writes for the same families
 (tests/test_exposition.py compares them on every scenario and on awkward values), at ~4.5 times

@@ -26,6 +26,11 @@ StartResponse = Callable[..., Any]
 WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 
+# What /metrics writes before the first cycle: one empty snapshot, so that its layout (and the
+# writer's formats kept for it) is made once, not on every scrape.
+_NO_SNAPSHOT = Snapshot((), False, 0.0)
+
+
 class _Encoded:
     """One format's answer for one snapshot, or the encoding of it under way."""
 
@@ -71,8 +76,8 @@ class MetricsEndpoint:
         if compressed:
             headers.append(("Content-Encoding", "gzip"))
         if snapshot is None:
-            # Before the first cycle: the process's own metrics only, as an empty snapshot.
-            body = _compressed(self._writer.encode(Snapshot((), False, 0.0), form), compressed)
+            # Before the first cycle: the process's own metrics only.
+            body = _compressed(self._writer.encode(_NO_SNAPSHOT, form), compressed)
         elif "name" in environ.get("QUERY_STRING", ""):
             names = parse_qs(environ["QUERY_STRING"]).get("name[]", [])
             body = _compressed(self._writer.encode(snapshot, form, names), compressed)
