@@ -21,11 +21,11 @@ from exporter.alerting.evaluator import Evaluator
 from exporter.alerting.history import Sample, snapshot_samples
 from exporter.collection import Collection
 from exporter.collectors import REGISTRY
-from exporter.config import AlertingConfig, Config
+from exporter.config import ALERTING
 
 SCENARIO = BENCH / "scenarios" / "h100x8.yaml"
 # Every cycle, and the daemon's default.
-INTERVALS = (1.0, AlertingConfig.evaluation_interval)
+INTERVALS = (1.0, ALERTING.defaults()["alerting.evaluation_interval"])
 
 
 def node_samples(cycles: int) -> list[list[Sample]]:
@@ -34,7 +34,7 @@ def node_samples(cycles: int) -> list[list[Sample]]:
     collection = Collection(
         dict.fromkeys(REGISTRY, True),
         timeout=5.0,
-        options=Config().collector_options,
+        options={},
         slow_interval=10.0,
     )
     evaluator = _evaluator(1.0)

@@ -1,6 +1,6 @@
 """The fleet dashboard's panels as Grafana sends their queries to Prometheus.
 
-The panels come from the dashboard's definition (``exporter.dashboards.fleet.build``), not from a
+The panels come from the dashboard's definition (``tools.dashboards.fleet.build``), not from a
 copy, so a changed query is measured as it now is. Each template variable takes its "All" value
 (the dashboard's ``allValue``); Grafana's built-in ``$__interval``, ``$__interval_ms`` and
 ``$__range`` are filled in as Grafana computes them for the time range asked.
@@ -14,7 +14,7 @@ from typing import Any
 
 from exporter.alerting import thresholds
 from exporter.alerting.thresholds import duration_seconds
-from exporter.dashboards import fleet
+from tools.dashboards import fleet
 
 # Grafana's maxDataPoints defaults to the panel's width in pixels: about 1,000 on a wide screen.
 MAX_DATA_POINTS = 1000

@@ -31,15 +31,15 @@ INTERVAL = 1.0
 def build(scenario: str, cycles_file: str | None) -> Any:
     """Install the simulated NVML, start collecting every second; the WSGI application."""
     # Imported here: gunicorn's master never builds the application, only its worker does.
+    from exporter import config as settings
     from exporter import sim
     from exporter.collection import Collection
     from exporter.collectors import REGISTRY
-    from exporter.config import Config
     from exporter.server.http import Application
     from exporter.sim import privileges
 
     library = sim.install(scenario, epoch=None, seed=0)
-    config = Config()  # the defaults of `gpuload serve`: its timeout, slow reads and profile
+    config = settings.load()  # the defaults of `gpuload serve`: its timeout, slow reads and profile
     # `host_pid_namespace: auto` as `gpuload serve --simulate` decides it: by the caller.
     visible = privileges.sees_processes(library.scenario.caller)
     collection = Collection(

@@ -14,56 +14,14 @@ from exporter.collectors import REGISTRY
 from exporter.relay import arguments as relay_arguments
 from exporter.settings import parse_duration, with_flag_names
 
-# Command-line flag -> configuration key path.
-_SERVE_FLAGS = {
-    "--web.listen-address": (
-        "web.listen_address",
-        f"address to listen on, host:port or :port (default :{config.DEFAULT_PORT})",
-    ),
-    "--web.telemetry-path": ("web.telemetry_path", "path of the metrics (default /metrics)"),
-    "--web.config.file": (
-        "web.config_file",
-        "web config file in the Prometheus exporter-toolkit format: TLS and basic auth "
-        "(docs/security.md)",
-    ),
-    "--collect.interval": (
-        "collect_interval",
-        "how often NVML is read, e.g. 1s, 500ms (default 1s)",
-    ),
-    "--collect.timeout": (
-        "collect_timeout",
-        "how long a cycle waits for a GPU before marking it stale (default 80%% of the interval)",
-    ),
-    "--collect.slow-interval": (
-        "collect_slow_interval",
-        "how often values that change rarely are read: limits, maxima, ECC/NVLink/PCIe error "
-        "counters, remapped rows, MIG mode, driver versions (default 10s; at most the "
-        "interval: every cycle)",
-    ),
-    "--metrics.profile": (
-        "metrics_profile",
-        "which series each GPU exports: minimal (at most 25 per GPU), default (at most 80) or "
-        "full (everything, e.g. for a node being debugged); docs/fleet.md (default default)",
-    ),
-    "--log.level": ("log.level", "debug, info, warning or error (default info)"),
-    "--log.format": ("log.format", "text or json (default text)"),
-    "--simulate": (
-        "simulate.scenario",
-        "use the simulated NVML with this scenario name or YAML file instead of the GPU driver",
-    ),
-    "--sim.epoch": ("simulate.epoch", "scenario start, unix seconds (default: now)"),
-    "--sim.seed": ("simulate.seed", "seed of the scenario's noise"),
-    "--sim.time": (
-        "simulate.time",
-        "pin the scenario clock at this many seconds after its epoch; retries and slow reads "
-        "follow the scenario clock, so a pinned one gives the same output every run",
-    ),
-    "--sim.caller": (
-        "simulate.caller",
-        "who the simulated driver believes is calling: root, unprivileged or "
-        "unprivileged-no-host-pid (default: the scenario's caller, root unless it says)",
-    ),
-}
+# The simulator's settings, which `serve`, `sim exec` and `doctor` all take.
+_SIMULATION = (
+    "simulate.scenario",
+    "simulate.epoch",
+    "simulate.seed",
+    "simulate.time",
+    "simulate.caller",
+)
 
 
 def _serve_parser(subparsers: Any) -> None:
@@ -74,11 +32,7 @@ def _serve_parser(subparsers: Any) -> None:
         "from flags > GPULOAD_* environment variables > the config file > defaults.",
     )
     serve.add_argument("--config", metavar="FILE", help="YAML configuration file")
-    for flag, (key, text) in _SERVE_FLAGS.items():
-        aliases = [flag, "--log-format"] if flag == "--log.format" else [flag]
-        serve.add_argument(
-            *aliases, dest=key, metavar="VALUE", help=text, default=argparse.SUPPRESS
-        )
+    config.SETTINGS.add_flags(serve, aliases={"log.format": ("--log-format",)})
     group = serve.add_argument_group(
         "collectors", "--collector.NAME turns a collector on, --no-collector.NAME off"
     )
@@ -125,17 +79,6 @@ def _sim_parser(subparsers: Any) -> None:
     imported.add_argument(
         "--verbose", action="store_true", help="also list the fields the import did not read"
     )
-    conformance = commands.add_parser(
-        "conformance",
-        help="compare gpuload on imported recordings with nvidia-smi's figures",
-        description="Import every recording under DIR, run gpuload serve --simulate on it and "
-        "compare /metrics with what nvidia-smi printed (docs/conformance.md). Exit 1 on any "
-        "mismatch.",
-    )
-    conformance.add_argument("directory", help="e.g. ../shared/reality")
-    conformance.add_argument(
-        "--families", action="store_true", help="also print which families were compared"
-    )
     run = commands.add_parser(
         "exec",
         help="run a program against the simulated GPUs",
@@ -144,36 +87,10 @@ def _sim_parser(subparsers: Any) -> None:
         "`python` and `python3` run in gpuload's own environment, where pynvml is.",
     )
     # The same flags as `serve` and `doctor`; the short ones stay for older scripts.
-    run.add_argument(
-        "--simulate",
-        "--scenario",
-        dest="scenario",
-        required=True,
-        help="scenario name or YAML file",
-    )
-    run.add_argument(
-        "--sim.epoch",
-        "--epoch",
-        dest="epoch",
-        type=_unix_seconds,
-        help="scenario start, unix seconds (default: now)",
-    )
-    run.add_argument(
-        "--sim.seed", "--seed", dest="seed", type=int, help="seed of the scenario's noise"
-    )
-    run.add_argument(
-        "--sim.time",
-        "--time",
-        type=float,
-        dest="pinned_time",
-        help="pin the scenario clock at this many seconds after its epoch",
-    )
-    run.add_argument(
-        "--sim.caller",
-        "--caller",
-        dest="caller",
-        choices=("root", "unprivileged", "unprivileged-no-host-pid"),
-        help="who the simulated driver believes is calling (default: the scenario's caller)",
+    config.SETTINGS.add_flags(
+        run,
+        _SIMULATION,
+        aliases={key: ("--" + key.split(".")[1],) for key in _SIMULATION},
     )
     run.add_argument("program", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
     record = commands.add_parser(
@@ -207,19 +124,10 @@ def _doctor_parser(subparsers: Any) -> None:
         help="how long to sample, e.g. 30s, 10m (default: the rules' warm-up, their window and "
         "short window after each other, so every mean and alert has its samples)",
     )
-    doctor.add_argument(
-        "--collect.interval", dest="interval", default="1s", help="sampling interval (default 1s)"
-    )
     doctor.add_argument("--json", action="store_true", help="print JSON for machines")
-    doctor.add_argument("--simulate", metavar="SCENARIO", help="sample the simulated NVML")
-    doctor.add_argument(
-        "--sim.epoch",
-        dest="sim_epoch",
-        type=_unix_seconds,
-        help="scenario start, unix seconds: the doctor samples from it "
-        "(default: so that the samples end now)",
+    config.SETTINGS.add_flags(
+        doctor, ("collect_interval", "simulate.scenario", "simulate.epoch", "simulate.seed")
     )
-    doctor.add_argument("--sim.seed", dest="sim_seed", type=int, help="scenario noise seed")
     doctor.add_argument(
         "--prometheus", metavar="URL", help="read the window from this Prometheus instead"
     )
@@ -237,15 +145,6 @@ EXAMPLES = """examples:
   gpuload sim list                               the simulated scenarios
   gpuload collectors                             every collector, its settings and families
 """
-
-
-def _unix_seconds(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not unix seconds (e.g. 1767225600; `date +%s` prints now)"
-        ) from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -279,11 +178,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    known = {key for key, _help in _SERVE_FLAGS.values()}
     flags = {
         key: value
         for key, value in vars(args).items()
-        if key in known or key.startswith("collectors.")
+        if key in config.SETTINGS or key.startswith("collectors.")
     }
     try:
         settings = config.load(
@@ -294,24 +192,40 @@ def _serve(args: argparse.Namespace) -> int:
             collector_options={name: spec.options for name, spec in REGISTRY.items()},
         )
     except config.ConfigError as error:
-        flags = {setting: flag for flag, (setting, _help) in _SERVE_FLAGS.items()}
-        named = with_flag_names(str(error), lambda key: flags.get(key, "--" + key))
-        print(f"gpuload: {named}", file=sys.stderr)
+        print(f"gpuload: {with_flag_names(str(error), config.SETTINGS.flag_of)}", file=sys.stderr)
         return 2
-    if settings.simulate.scenario:
-        from exporter import sim
-
-        try:
-            sim.load_scenario(settings.simulate.scenario)
-        except (sim.ScenarioError, OSError) as error:
-            print(f"gpuload: --simulate {settings.simulate.scenario}: {error}", file=sys.stderr)
-            return 2
+    if settings.simulate.scenario and not _scenario_loads(settings.simulate.scenario, "gpuload"):
+        return 2
 
     from exporter import logs
     from exporter.server.daemon import serve
 
     logs.setup(settings.log.level, settings.log.format)
     return serve(settings)
+
+
+def _flag_settings(args: argparse.Namespace, where: str) -> dict[str, Any] | None:
+    """The serve settings a command took as flags, parsed as `serve` parses them, with defaults.
+
+    None after one line naming the bad flag.
+    """
+    try:
+        values, _sources = config.SETTINGS.resolve([("flag", config.SETTINGS.flags_given(args))])
+    except config.ConfigError as error:
+        print(f"{where}: {with_flag_names(str(error), config.SETTINGS.flag_of)}", file=sys.stderr)
+        return None
+    return values
+
+
+def _scenario_loads(scenario: str, where: str) -> bool:
+    from exporter import sim
+
+    try:
+        sim.load_scenario(scenario)
+    except (sim.ScenarioError, OSError) as error:
+        print(f"{where}: --simulate {scenario}: {error}", file=sys.stderr)
+        return False
+    return True
 
 
 def _sim(args: argparse.Namespace) -> int:
@@ -324,64 +238,61 @@ def _sim(args: argparse.Namespace) -> int:
         from exporter.sim.importer import import_command
 
         return import_command(args.file, args.state, args.gpu, args.output, args.verbose)
-    if args.sim_command == "conformance":
-        from pathlib import Path
-
-        from exporter.sim.conformance import run
-
-        return run(Path(args.directory), families=args.families)
     if args.sim_command == "record":
         from exporter.sim.recording import record_command
 
         return record_command(args.output, mask=args.mask)
+    where = "gpuload sim exec"
+    settings = _flag_settings(args, where)
+    if settings is None:
+        return 2
+    scenario = settings["simulate.scenario"]
+    if scenario is None:
+        print(f"{where}: give the scenario: --simulate NAME or FILE", file=sys.stderr)
+        return 2
     command = args.program[1:] if args.program[:1] == ["--"] else args.program
     if not command:
-        print("gpuload sim exec: give the program to run after --", file=sys.stderr)
+        print(f"{where}: give the program to run after --", file=sys.stderr)
         return 2
-    try:
-        sim.load_scenario(args.scenario)
-    except (sim.ScenarioError, OSError) as error:
-        print(f"gpuload sim exec: --simulate {args.scenario}: {error}", file=sys.stderr)
+    if not _scenario_loads(scenario, where):
         return 2
     if command[0] in ("python", "python3"):
         # The environment gpuload runs in, where pynvml is, not the first python on PATH.
         command = [sys.executable, *command[1:]]
     return sim.exec_command(
-        args.scenario,
+        scenario,
         command,
-        epoch=args.epoch,
-        seed=args.seed,
-        pinned_time=args.pinned_time,
-        caller=args.caller,
+        epoch=settings["simulate.epoch"],
+        seed=settings["simulate.seed"],
+        pinned_time=settings["simulate.time"],
+        caller=settings["simulate.caller"],
     )
 
 
 def _doctor(args: argparse.Namespace) -> int:
     from exporter.doctor.command import Options, run
 
+    where = "gpuload doctor"
+    settings = _flag_settings(args, where)
+    if settings is None:
+        return 2
     try:
         duration = None if args.duration is None else parse_duration(args.duration)
-        interval = parse_duration(args.interval)
     except ValueError as error:
-        print(f"gpuload doctor: {error}", file=sys.stderr)
+        print(f"{where}: --duration {args.duration!r}: {error}", file=sys.stderr)
         return 2
     if args.prometheus and not args.instance:
-        print("gpuload doctor: --prometheus needs --instance HOST:PORT", file=sys.stderr)
+        print(f"{where}: --prometheus needs --instance HOST:PORT", file=sys.stderr)
         return 2
-    if args.simulate:
-        from exporter import sim
-
-        try:
-            sim.load_scenario(args.simulate)
-        except (sim.ScenarioError, OSError) as error:
-            print(f"gpuload doctor: --simulate {args.simulate}: {error}", file=sys.stderr)
-            return 2
+    simulate = settings["simulate.scenario"]
+    if simulate and not _scenario_loads(simulate, where):
+        return 2
     options = Options(
         duration=duration,
-        interval=interval,
-        simulate=args.simulate,
-        sim_epoch=args.sim_epoch,
-        sim_seed=args.sim_seed,
+        interval=settings["collect_interval"],
+        simulate=simulate,
+        sim_epoch=settings["simulate.epoch"],
+        sim_seed=settings["simulate.seed"],
         prometheus=args.prometheus,
         instance=args.instance,
         json=args.json,

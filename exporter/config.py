@@ -8,7 +8,6 @@ error names the key path, where it came from and what was expected.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -16,18 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 from exporter.settings import (
     ConfigError,
+    Setting,
+    Settings,
     integer,
     number,
     optional,
     parse_bool,
     parse_choice,
     parse_duration,
+    parse_duration_or_zero,
     parse_listen_address,
     parse_positive_integer,
     parse_url_path,
-    read_env,
     read_settings_file,
-    shown,
 )
 
 if TYPE_CHECKING:
@@ -41,10 +41,10 @@ DEFAULT_PORT = 19400
 class WebConfig:
     """Where and how the HTTP endpoint listens."""
 
-    listen_address: str = f":{DEFAULT_PORT}"
-    telemetry_path: str = "/metrics"
+    listen_address: str
+    telemetry_path: str
     # The exporter-toolkit web config file (TLS, basic auth) and what it said at start.
-    config_file: str | None = None
+    config_file: str | None
     security: WebSecurity | None = field(default=None, repr=False)
 
 
@@ -52,56 +52,56 @@ class WebConfig:
 class LogConfig:
     """Log level and line format."""
 
-    level: str = "info"
-    format: str = "text"
+    level: str
+    format: str
 
 
 @dataclass(frozen=True)
 class SimulationConfig:
     """Run against the simulated NVML instead of the driver (`--simulate`)."""
 
-    scenario: str | None = None
-    epoch: float | None = None
-    seed: int | None = None
-    time: float | None = None
+    scenario: str | None
+    epoch: float | None
+    seed: int | None
+    time: float | None
     # Who the simulated driver believes is calling; None: the scenario's own `caller`.
-    caller: str | None = None
+    caller: str | None
 
 
 @dataclass(frozen=True)
 class AlertingConfig:
     """The local alerts (`alerting` in the file): where they go, and how they are labelled."""
 
-    # The relay's targets, route, queue, delivery and message settings; None without targets.
-    delivery: RelayConfig | None = None
     # The `instance` label of local alerts; None: the listen address, or host:port when it
     # listens on every interface.
-    instance: str | None = None
-    job: str = "gpuload"
-    thresholds_file: str | None = None
+    instance: str | None
+    job: str
+    thresholds_file: str | None
     # Seconds between evaluations of the rules (the history takes every cycle's samples).
-    evaluation_interval: float = 15.0
+    evaluation_interval: float
     # Seconds between notifications of a still-firing alert, as Alertmanager's repeat_interval
     # (0: only when it fires and when it resolves).
-    repeat_interval: float = 4 * 3600.0
+    repeat_interval: float
+    # The relay's targets, route, queue, delivery and message settings; None without targets.
+    delivery: RelayConfig | None = None
 
 
 @dataclass(frozen=True)
 class Config:
-    """Everything `gpuload serve` needs, validated."""
+    """Everything `gpuload serve` needs, validated; built by :func:`load` from :data:`SETTINGS`."""
 
-    web: WebConfig = field(default_factory=WebConfig)
-    log: LogConfig = field(default_factory=LogConfig)
-    collect_interval: float = 1.0
-    collect_timeout: float | None = None
+    web: WebConfig
+    log: LogConfig
+    collect_interval: float
+    collect_timeout: float | None
     # Limits, maxima, error counters, remapped rows, driver versions: read this often.
-    collect_slow_interval: float = 10.0
+    collect_slow_interval: float
     # Which series are exported: minimal, default or full (exporter/collectors/profiles.py).
-    metrics_profile: str = "default"
+    metrics_profile: str
+    simulate: SimulationConfig
+    alerting: AlertingConfig
     collectors: Mapping[str, bool] = field(default_factory=dict)
     collector_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    simulate: SimulationConfig = field(default_factory=SimulationConfig)
-    alerting: AlertingConfig = field(default_factory=AlertingConfig)
 
     @property
     def effective_collect_timeout(self) -> float:
@@ -109,30 +109,118 @@ class Config:
         return self.collect_timeout or max(0.1, self.collect_interval * 0.8)
 
 
-# Every scalar setting, by key path. Collectors' `collectors.NAME.enabled` keys
-# come from the collector registry and are added by `load`.
-_SETTINGS: dict[str, Callable[[Any], Any]] = {
-    "web.listen_address": parse_listen_address,
-    "web.telemetry_path": parse_url_path,
-    "web.config_file": optional(str),
-    "log.level": parse_choice("debug", "info", "warning", "error"),
-    "log.format": parse_choice("text", "json"),
-    "collect_interval": parse_duration,
-    "collect_timeout": optional(parse_duration),
-    "collect_slow_interval": parse_duration,
-    "metrics_profile": parse_choice("minimal", "default", "full"),
-    "simulate.scenario": optional(str),
-    "simulate.epoch": optional(number),
-    "simulate.seed": optional(integer),
-    "simulate.time": optional(number),
-    # The simulator's callers (exporter/sim/scenario.py CALLERS), named here so that a real
-    # deployment's configuration never imports the simulator.
-    "simulate.caller": optional(parse_choice("root", "unprivileged", "unprivileged-no-host-pid")),
-}
+_SECTIONS = {"web": WebConfig, "log": LogConfig, "simulate": SimulationConfig}
 
-
-# Sections of `gpuload serve`'s file that are structures of their own, not settings.
-_STRUCTURES = ("alerting",)
+# Every scalar setting of `gpuload serve`: its key path, parser, default, flag and help. The
+# collectors' `collectors.NAME.*` keys come from the collector registry and are added by `load`.
+SETTINGS = Settings(
+    [
+        Setting(
+            "web.listen_address",
+            parse_listen_address,
+            f":{DEFAULT_PORT}",
+            "--web.listen-address",
+            "address to listen on, host:port or :port",
+        ),
+        Setting(
+            "web.telemetry_path",
+            parse_url_path,
+            "/metrics",
+            "--web.telemetry-path",
+            "path of the metrics",
+        ),
+        Setting(
+            "web.config_file",
+            optional(str),
+            None,
+            "--web.config.file",
+            "web config file in the Prometheus exporter-toolkit format: TLS and basic auth "
+            "(docs/security.md)",
+        ),
+        Setting(
+            "collect_interval",
+            parse_duration,
+            1.0,
+            "--collect.interval",
+            "how often NVML is read, e.g. 1s, 500ms",
+        ),
+        Setting(
+            "collect_timeout",
+            optional(parse_duration),
+            None,
+            "--collect.timeout",
+            "how long a cycle waits for a GPU before marking it stale (default 80% of the "
+            "interval)",
+        ),
+        Setting(
+            "collect_slow_interval",
+            parse_duration,
+            10.0,
+            "--collect.slow-interval",
+            "how often values that change rarely are read: limits, maxima, ECC/NVLink/PCIe error "
+            "counters, remapped rows, MIG mode, driver versions (at most the interval: every "
+            "cycle)",
+        ),
+        Setting(
+            "metrics_profile",
+            parse_choice("minimal", "default", "full"),
+            "default",
+            "--metrics.profile",
+            "which series each GPU exports: minimal (at most 25 per GPU), default (at most 80) "
+            "or full (everything, e.g. for a node being debugged); docs/fleet.md",
+        ),
+        Setting(
+            "log.level",
+            parse_choice("debug", "info", "warning", "error"),
+            "info",
+            "--log.level",
+            "debug, info, warning or error",
+        ),
+        Setting("log.format", parse_choice("text", "json"), "text", "--log.format", "text or json"),
+        Setting(
+            "simulate.scenario",
+            optional(str),
+            None,
+            "--simulate",
+            "use the simulated NVML with this scenario name or YAML file instead of the GPU driver",
+        ),
+        Setting(
+            "simulate.epoch",
+            optional(number),
+            None,
+            "--sim.epoch",
+            "scenario start, unix seconds (default: now; for the doctor, so that its samples "
+            "end now)",
+        ),
+        Setting(
+            "simulate.seed", optional(integer), None, "--sim.seed", "seed of the scenario's noise"
+        ),
+        Setting(
+            "simulate.time",
+            optional(number),
+            None,
+            "--sim.time",
+            "pin the scenario clock at this many seconds after its epoch; retries and slow "
+            "reads follow the scenario clock, so a pinned one gives the same output every run",
+        ),
+        # The simulator's callers (exporter/sim/scenario.py CALLERS), named here so that a real
+        # deployment's configuration never imports the simulator.
+        Setting(
+            "simulate.caller",
+            optional(parse_choice("root", "unprivileged", "unprivileged-no-host-pid")),
+            None,
+            "--sim.caller",
+            "who the simulated driver believes is calling: root, unprivileged or "
+            "unprivileged-no-host-pid (default: the scenario's caller, root unless it says)",
+        ),
+    ],
+    program="gpuload",
+    # `alerting` is a structure of its own (the relay's targets and route among its keys).
+    structures=("alerting",),
+    # Variables of others: the simulated NVML in programs started by `gpuload sim exec`, and
+    # the relay's settings, which may share an environment with the exporter.
+    reserved=("GPULOAD_SIM_", "GPULOAD_RELAY_"),
+)
 
 
 def load(
@@ -157,42 +245,40 @@ def load(
         ConfigError: naming the first bad key path, its source and what is expected.
     """
     known = dict(collectors or {})
-    settings = dict(_SETTINGS)
-    settings.update({f"collectors.{name}.enabled": parse_bool for name in known})
     options = {name: dict(defaults) for name, defaults in (collector_options or {}).items()}
-    for name, defaults in options.items():
-        for option, default in defaults.items():
-            settings[f"collectors.{name}.{option}"] = _parser_like(default)
-
-    from_file = read_settings_file(Path(file), _STRUCTURES) if file else {}
+    settings = SETTINGS.with_settings(
+        [
+            *(Setting(f"collectors.{name}.enabled", parse_bool, on) for name, on in known.items()),
+            *(
+                Setting(f"collectors.{name}.{option}", _parser_like(default), default)
+                for name, defaults in options.items()
+                for option, default in defaults.items()
+            ),
+        ]
+    )
+    from_file = read_settings_file(Path(file), SETTINGS.structures) if file else {}
     alerting = _alerting(
         from_file.pop("alerting", None), Path(file).parent if file else Path.cwd(), environ or {}
     )
-    layers = [
-        ("config file", from_file),
-        ("environment", read_env(environ or {}, settings)),
-        ("flag", dict(flags or {})),
-    ]
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for source, layer in layers:
-        for key, raw in layer.items():
-            parse = settings.get(key)
-            if parse is None:
-                raise ConfigError(f"{source} {key}: unknown setting{_hint(key, settings)}")
-            try:
-                values[key] = parse(raw)
-            except (TypeError, ValueError) as error:
-                raise ConfigError(
-                    f"{source} {key}: {shown(key, raw)} is not valid: {error}"
-                ) from None
-            sources[key] = source
-    for key, value in values.items():
-        parts = key.split(".")
-        if parts[0] == "collectors" and parts[2] != "enabled":
-            options[parts[1]][parts[2]] = value
-    config = replace(_build(values, known, options), alerting=alerting)
-    web_config = values.get("web.config_file")
+    values, sources = settings.resolve(
+        [
+            ("config file", from_file),
+            ("environment", settings.from_env(environ or {})),
+            ("flag", dict(flags or {})),
+        ]
+    )
+    config = settings.build(
+        Config,
+        values,
+        _SECTIONS,
+        collectors={name: values[f"collectors.{name}.enabled"] for name in known},
+        collector_options={
+            name: {option: values[f"collectors.{name}.{option}"] for option in defaults}
+            for name, defaults in options.items()
+        },
+        alerting=alerting,
+    )
+    web_config = values["web.config_file"]
     if web_config is None:
         return config
     source = sources["web.config_file"]
@@ -218,32 +304,41 @@ def _web_security(path: str, where: str) -> WebSecurity:
 
 # The queue file of local alerts, unless `alerting.queue.path` says otherwise.
 DEFAULT_ALERT_QUEUE = "gpuload-alerts.db"
-_ALERTING_KEYS = {"instance", "job", "thresholds_file", "evaluation_interval", "repeat_interval"}
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError("expected text")
+    return value
+
+
+# gpuload's own keys of the `alerting` section (file only); its other keys are the relay's.
+ALERTING = Settings(
+    [
+        Setting("alerting.instance", optional(_text)),
+        Setting("alerting.job", _text, "gpuload"),
+        Setting("alerting.thresholds_file", optional(_text)),
+        Setting("alerting.evaluation_interval", parse_duration, 15.0),
+        Setting("alerting.repeat_interval", parse_duration_or_zero, 4 * 3600.0),
+    ],
+    program="gpuload",
+)
 
 
 def _alerting(tree: Any, base: Path, environ: Mapping[str, str]) -> AlertingConfig:
     """The `alerting` section: gpuload's own keys, the rest in the relay's format."""
     if tree is None:
-        return AlertingConfig()
+        tree = {}
     if not isinstance(tree, Mapping):
         raise ConfigError("config file alerting: expected a mapping (targets, route, queue, ...)")
-    own = {key: tree[key] for key in _ALERTING_KEYS if key in tree}
-    intervals = {}
-    for key in ("evaluation_interval", "repeat_interval"):
-        value = own.pop(key, getattr(AlertingConfig, key))
-        if key == "repeat_interval" and str(value).strip() in ("0", "0s"):
-            intervals[key] = 0.0  # never repeat
-            continue
-        try:
-            intervals[key] = parse_duration(value)
-        except ValueError as error:
-            raise ConfigError(
-                f"config file alerting.{key}: {value!r} is not valid: {error}"
-            ) from None
-    for key, value in own.items():
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"config file alerting.{key}: {value!r} is not valid: expected text")
-    relay_part = {key: value for key, value in tree.items() if key not in _ALERTING_KEYS}
+    own = {f"alerting.{key}": value for key, value in tree.items() if f"alerting.{key}" in ALERTING}
+    values, _sources = ALERTING.resolve([("config file", own)])
+    if values["alerting.thresholds_file"] is not None:
+        values["alerting.thresholds_file"] = str(base / values["alerting.thresholds_file"])
+    relay_part = {key: value for key, value in tree.items() if f"alerting.{key}" not in ALERTING}
+    alerting = ALERTING.build(AlertingConfig, values, prefix="alerting.")
+    if not relay_part:
+        return alerting
     # Imported here: the relay's configuration (~1.6 MB) stays out of a daemon without
     # an alerting section.
     from exporter.relay.config import load_section
@@ -255,17 +350,7 @@ def _alerting(tree: Any, base: Path, environ: Mapping[str, str]) -> AlertingConf
         environ=environ,
         defaults={"queue.path": DEFAULT_ALERT_QUEUE},
     )
-    thresholds_file = own.get("thresholds_file")
-    if thresholds_file is not None:
-        thresholds_file = str(base / thresholds_file)
-    return AlertingConfig(
-        delivery=delivery if delivery.targets else None,
-        instance=own.get("instance"),
-        job=own.get("job", "gpuload"),
-        thresholds_file=thresholds_file,
-        evaluation_interval=intervals["evaluation_interval"],
-        repeat_interval=intervals["repeat_interval"],
-    )
+    return replace(alerting, delivery=delivery if delivery.targets else None)
 
 
 def _parser_like(default: Any) -> Callable[[Any], Any]:
@@ -278,54 +363,3 @@ def _parser_like(default: Any) -> Callable[[Any], Any]:
     if isinstance(default, float):
         return parse_duration
     return str
-
-
-def _hint(key: str, settings: Mapping[str, Any]) -> str:
-    close = difflib.get_close_matches(key, list(settings), n=1, cutoff=0.75)
-    suggestion = f"; did you mean {close[0]}?" if close else ""
-    if key.startswith("collectors."):
-        names = sorted({k.split(".")[1] for k in settings if k.startswith("collectors.")})
-        return (
-            f"{suggestion} (collectors are: {', '.join(names)}; "
-            "see `gpuload collectors` for their keys)"
-        )
-    known = ", ".join(sorted(k for k in settings if not k.startswith("collectors.")))
-    return f"{suggestion} (known: {known})"
-
-
-def _build(
-    values: Mapping[str, Any],
-    collectors: Mapping[str, bool],
-    options: Mapping[str, Mapping[str, Any]],
-) -> Config:
-    def get(key: str, default: Any) -> Any:
-        return values.get(key, default)
-
-    defaults = Config()
-    enabled = {
-        name: get(f"collectors.{name}.enabled", default_on)
-        for name, default_on in collectors.items()
-    }
-    return Config(
-        web=WebConfig(
-            listen_address=get("web.listen_address", defaults.web.listen_address),
-            telemetry_path=get("web.telemetry_path", defaults.web.telemetry_path),
-        ),
-        log=LogConfig(
-            level=get("log.level", defaults.log.level),
-            format=get("log.format", defaults.log.format),
-        ),
-        collect_interval=get("collect_interval", defaults.collect_interval),
-        collect_timeout=get("collect_timeout", defaults.collect_timeout),
-        collect_slow_interval=get("collect_slow_interval", defaults.collect_slow_interval),
-        metrics_profile=get("metrics_profile", defaults.metrics_profile),
-        collectors=enabled,
-        collector_options=options,
-        simulate=SimulationConfig(
-            scenario=get("simulate.scenario", None),
-            epoch=get("simulate.epoch", None),
-            seed=get("simulate.seed", None),
-            time=get("simulate.time", None),
-            caller=get("simulate.caller", None),
-        ),
-    )

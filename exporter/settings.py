@@ -1,16 +1,25 @@
 """What every program's configuration is read with: errors, YAML, parsers, files and variables.
 
-`exporter.config` (gpuload serve's settings), `exporter.relay.config` (the relay's) and
+A program declares each of its settings once, as a :class:`Setting` in its :class:`Settings`
+table: the key path (the file's nesting, the environment variable, the field of the typed
+configuration), the parser, the default, and the flag with its help where it has one. Reading the
+layers, the error messages, the command-line flags and the typed object all come from the table.
+
+`exporter.config` (gpuload serve's settings), `exporter.relay.settings` (the relay's) and
 `exporter.server.webconfig` (the web config file) build on this module; it imports none of them.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import difflib
 import math
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -49,6 +58,13 @@ def parse_duration(value: Any) -> float:
     if seconds > MAX_DURATION_SECONDS:
         raise ValueError("expected a duration of at most a year (8784h)")
     return seconds
+
+
+def parse_duration_or_zero(value: Any) -> float:
+    """A duration, or 0 (``0``, ``0s``) for "never"."""
+    if not isinstance(value, bool) and (value == 0 or str(value).strip() in ("0", "0s")):
+        return 0.0
+    return parse_duration(value)
 
 
 # Words in a key's name that say its value is a secret: such values are never shown in an error.
@@ -235,3 +251,182 @@ def parse_positive_integer(value: Any) -> int:
     if number < 1:
         raise ValueError("expected an integer of at least 1")
     return number
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of one program, declared once.
+
+    ``key`` is the key path: the file nests by it, the environment spells it ``PREFIX_KEY_PATH``,
+    and the typed configuration has a field at that path. ``default`` is already typed (None:
+    unset). A setting with a ``flag`` is on the command line, with ``help`` and the default.
+    """
+
+    key: str
+    parse: Callable[[Any], Any]
+    default: Any = None
+    flag: str | None = None
+    help: str = ""
+
+    def help_line(self) -> str:
+        """The flag's --help text: the help, then the default where it is a value."""
+        if self.default is None or "(default" in self.help:
+            text = self.help
+        else:
+            text = f"{self.help} (default {_default_text(self.default)})"
+        return text.replace("%", "%%")  # argparse formats help with %
+
+
+def _default_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):  # every float setting is a duration in seconds
+        return f"{value * 1000:g}ms" if value < 1 else f"{value:g}s"
+    return str(value)
+
+
+Built = TypeVar("Built")
+
+
+class Settings:
+    """A program's settings table: layers in, typed configuration and command line out."""
+
+    def __init__(
+        self,
+        settings: Iterable[Setting],
+        *,
+        program: str,
+        prefix: str = ENV_PREFIX,
+        structures: Collection[str] = (),
+        reserved: tuple[str, ...] = (),
+    ) -> None:
+        self.by_key = {setting.key: setting for setting in settings}
+        self.program = program
+        self.prefix = prefix
+        # File sections that are structures of their own (targets, route), not settings.
+        self.structures = tuple(structures)
+        # Variables under the prefix that belong to another program.
+        self.reserved = reserved
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.by_key
+
+    def with_settings(self, extra: Iterable[Setting]) -> Settings:
+        """This table and more settings (the collectors' keys, known only from the registry)."""
+        return Settings(
+            [*self.by_key.values(), *extra],
+            program=self.program,
+            prefix=self.prefix,
+            structures=self.structures,
+            reserved=self.reserved,
+        )
+
+    def defaults(self) -> dict[str, Any]:
+        """Every setting's default by key path."""
+        return {key: setting.default for key, setting in self.by_key.items()}
+
+    def flag_of(self, key: str) -> str:
+        """The flag of a key path as a user types it, for messages about flags."""
+        setting = self.by_key.get(key)
+        return setting.flag if setting is not None and setting.flag else "--" + key
+
+    def env_name(self, key: str) -> str:
+        """The environment variable of a key path."""
+        return env_name(key, self.prefix)
+
+    def from_env(self, environ: Mapping[str, str]) -> dict[str, Any]:
+        """The settings given as variables; any other variable under the prefix is an error."""
+        return read_env(
+            environ, self.by_key, prefix=self.prefix, skip=self.reserved, program=self.program
+        )
+
+    def add_flags(
+        self,
+        parser: argparse.ArgumentParser | Any,
+        keys: Iterable[str] | None = None,
+        aliases: Mapping[str, Sequence[str]] | None = None,
+    ) -> None:
+        """Put the settings' flags (all, or those of ``keys``) on a command's parser.
+
+        Each flag's value lands under its key path, unparsed: :meth:`resolve` parses it with
+        the file's and the environment's values.
+        """
+        chosen = self.by_key.values() if keys is None else [self.by_key[key] for key in keys]
+        for setting in chosen:
+            if setting.flag is None:
+                continue
+            parser.add_argument(
+                setting.flag,
+                *(aliases or {}).get(setting.key, ()),
+                dest=setting.key,
+                metavar="VALUE",
+                default=argparse.SUPPRESS,
+                help=setting.help_line(),
+            )
+
+    def flags_given(self, namespace: argparse.Namespace) -> dict[str, Any]:
+        """The settings given as flags, by key path, from a parsed command line."""
+        return {key: value for key, value in vars(namespace).items() if key in self.by_key}
+
+    def resolve(
+        self, layers: Sequence[tuple[str, Mapping[str, Any]]]
+    ) -> tuple[dict[str, Any], dict[str, str]]:
+        """Each setting's value (the defaults, then each layer over the last) and its source.
+
+        Raises:
+            ConfigError: naming the first unknown or bad key path, its source and what is
+                expected.
+        """
+        values = self.defaults()
+        sources = dict.fromkeys(values, "default")
+        for source, layer in layers:
+            for key, raw in layer.items():
+                setting = self.by_key.get(key)
+                if setting is None:
+                    raise ConfigError(f"{source} {key}: unknown setting{self.hint(key)}")
+                try:
+                    values[key] = setting.parse(raw)
+                except (TypeError, ValueError) as error:
+                    raise ConfigError(
+                        f"{source} {key}: {shown(key, raw)} is not valid: {error}"
+                    ) from None
+                sources[key] = source
+        return values, sources
+
+    def hint(self, key: str) -> str:
+        """The closest known key, and what is known, for an unknown one."""
+        known = [*self.by_key, *self.structures]
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.75)
+        suggestion = f"; did you mean {close[0]}?" if close else ""
+        if key.startswith("collectors."):
+            names = sorted({k.split(".")[1] for k in known if k.startswith("collectors.")})
+            return (
+                f"{suggestion} (collectors are: {', '.join(names)}; "
+                "see `gpuload collectors` for their keys)"
+            )
+        listed = ", ".join(sorted(k for k in known if not k.startswith("collectors.")))
+        return f"{suggestion} (known: {listed})"
+
+    def build(
+        self,
+        kind: type[Built],
+        values: Mapping[str, Any],
+        sections: Mapping[str, type] | None = None,
+        prefix: str = "",
+        **given: Any,
+    ) -> Built:
+        """The typed configuration: each field at a key path takes that setting's value.
+
+        ``sections`` names the dataclass of each section (``{"web": WebConfig}``); ``given``
+        are fields made otherwise (a structure, a secret); any other field that is no setting
+        keeps its dataclass default.
+        """
+        arguments: dict[str, Any] = dict(given)
+        for field in dataclasses.fields(kind):  # type: ignore[arg-type]
+            path = prefix + field.name
+            section = (sections or {}).get(path)
+            if section is not None:
+                arguments[field.name] = self.build(section, values, sections, path + ".")
+            elif path in self.by_key:
+                arguments[field.name] = values[path]
+        return kind(**arguments)

@@ -21,10 +21,11 @@ import yaml
 
 from exporter.alerting import thresholds
 from exporter.alerting.rules import group_names
+from tools import RULES_DIR
 
 RULE_FILES = [
-    str(thresholds.RULES_DIR / "gpuload-recording.rules.yml"),
-    str(thresholds.RULES_DIR / "gpuload-alerts.rules.yml"),
+    str(RULES_DIR / "gpuload-recording.rules.yml"),
+    str(RULES_DIR / "gpuload-alerts.rules.yml"),
 ]
 POWER_LIMIT = 700.0
 MEMORY_USED = 40 * 2**30

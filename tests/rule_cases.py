@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from exporter.alerting.history import Labels
 from exporter.alerting.rules import COLLECTED_AT
-from exporter.alerting.vectors import STALE, Series
+from tools.vectors import STALE, Series
 
 STEP = 15.0
 MINUTES = 16

@@ -17,10 +17,11 @@ from alert_timelines import Expect, Exporter, Gauge, run_promtool, steps
 
 from exporter.alerting import rules, thresholds
 from exporter.alerting.thresholds import duration_seconds
+from tools import RULES_DIR
 
 pytestmark = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing")
 
-RUNBOOKS = thresholds.RULES_DIR.parent / "docs" / "runbooks.md"
+RUNBOOKS = RULES_DIR.parent / "docs" / "runbooks.md"
 INTERVAL = 15
 START = 600.0  # the condition starts here
 END = int(START) + 40 * 60

@@ -20,7 +20,7 @@ import pytest
 import requests
 from helpers import Daemon, free_port, run_prometheus
 
-from exporter.alerting import thresholds
+from tools import RULES_DIR
 
 pytestmark = [
     pytest.mark.real_time,
@@ -63,8 +63,8 @@ def test_a_restarted_exporter_fires_with_its_twin(
         )
 
     daemons = {node: start(node) for node in addresses}
-    rule_files = [str(thresholds.RULES_DIR / f) for f in ("gpuload-recording.rules.yml",)]
-    rule_files.append(str(thresholds.RULES_DIR / "gpuload-alerts.rules.yml"))
+    rule_files = [str(RULES_DIR / f) for f in ("gpuload-recording.rules.yml",)]
+    rule_files.append(str(RULES_DIR / "gpuload-alerts.rules.yml"))
     prometheus = run_prometheus(
         processes,  # type: ignore[arg-type]
         tmp_path,

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.alerting import render, rules, templates, thresholds, vectors
+from exporter.alerting import rules, templates, thresholds
 from exporter.alerting.evaluator import local_rules
 from exporter.relay import payload
 from exporter.relay import templates as relay_templates
+from tools import RULES_DIR, render_rules, vectors
 
-RULES_DIR = thresholds.RULES_DIR
 RULE_FILES = sorted(RULES_DIR.glob("*.rules.yml"))
 UNIT_TESTS = sorted((RULES_DIR / "tests").glob("*.test.yml"))
 
@@ -25,33 +25,33 @@ needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="pr
 
 
 def test_committed_rule_files_are_what_the_thresholds_render() -> None:
-    rendered = render.render(thresholds.load())
+    rendered = render_rules.render(thresholds.load())
     assert sorted(rendered) == [path.name for path in RULE_FILES]
     for path in RULE_FILES:
         assert path.read_text(encoding="utf-8") == rendered[path.name], (
             f"{path} differs from alert_rules/thresholds.yaml: "
-            "run `.venv/bin/python -m exporter.alerting.render` and commit the result"
+            "run `.venv/bin/python -m tools.render_rules` and commit the result"
         )
 
 
 def test_render_check_reports_a_stale_file(tmp_path: Path) -> None:
     for path in RULE_FILES:
         shutil.copy(path, tmp_path / path.name)
-    assert render.main(["--check", "--out", str(tmp_path)]) == 0
+    assert render_rules.main(["--check", "--out", str(tmp_path)]) == 0
     (tmp_path / "gpuload-alerts.rules.yml").write_text("groups: []\n", encoding="utf-8")
-    assert render.main(["--check", "--out", str(tmp_path)]) == 1
+    assert render_rules.main(["--check", "--out", str(tmp_path)]) == 1
 
 
 def test_every_threshold_reaches_the_rules() -> None:
     """Changing a threshold in the one definition changes the rendered rules."""
     loaded = thresholds.load()
-    baseline = render.render(loaded)
+    baseline = render_rules.render(loaded)
     document = yaml.safe_load(thresholds.DEFAULT_PATH.read_text(encoding="utf-8"))
     document["alerts"]["GPUUtilizationLow"]["below"] = 0.25
     document["alerts"]["GPUUtilizationHigh"]["for"] = "7m"
     document["alerts"]["GPUDataLoaderStarved"]["idle_above"] = 0.35
     document["runbook_base_url"] = "https://example.org/runbooks.md"
-    rendered = render.render(thresholds.parse(document))
+    rendered = render_rules.render(thresholds.parse(document))
     changed = rendered["gpuload-alerts.rules.yml"]
     assert changed != baseline["gpuload-alerts.rules.yml"]
     assert "last_over_time(gpu:gpu_utilization_seconds:rate1m[3m]) < 0.25" in changed

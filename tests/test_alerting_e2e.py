@@ -45,6 +45,7 @@ from helpers import (
 
 from exporter.alerting import rules, thresholds
 from exporter.alerting.thresholds import duration_seconds
+from tools import RULES_DIR
 
 PROMETHEUS = shutil.which("prometheus")
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
@@ -159,7 +160,7 @@ def write_rules(folder: Path) -> list[Path]:
     folder.mkdir()
     written = []
     copies = rules.rule_files(TEST_THRESHOLDS)
-    for shipped in sorted(thresholds.RULES_DIR.glob("*.rules.yml")):
+    for shipped in sorted(RULES_DIR.glob("*.rules.yml")):
         original = yaml.safe_load(shipped.read_text(encoding="utf-8"))
         # The shipped file is what its thresholds render: the copy is rendered the same way.
         assert original == rules.rule_files(thresholds.load())[shipped.name]

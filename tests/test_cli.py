@@ -99,18 +99,29 @@ def test_a_mistyped_flag_of_a_command_suggests_the_flag() -> None:
 
 
 def test_a_bad_epoch_names_the_flag_and_what_it_expects() -> None:
-    result = gpuload("serve", "--simulate", "training", "--sim.epoch", "yesterday")
-    assert result.returncode == 2
-    assert result.stderr == (
-        "gpuload: flag --sim.epoch: 'yesterday' is not valid: expected a number,"
+    """serve, doctor and sim exec take the simulator's flags from one declaration."""
+    expected = (
+        "flag --sim.epoch: 'yesterday' is not valid: expected a number,"
         " e.g. 1767225600 (unix seconds) or 2.5\n"
     )
-    result = gpuload("doctor", "--sim.epoch", "yesterday")
-    assert result.returncode == 2
-    assert result.stderr.endswith(
-        "gpuload doctor: argument --sim.epoch: 'yesterday' is not unix seconds"
-        " (e.g. 1767225600; `date +%s` prints now)\n"
-    )
+    for where, command in (
+        ("gpuload", ["serve", "--simulate", "training", "--sim.epoch", "yesterday"]),
+        ("gpuload doctor", ["doctor", "--sim.epoch", "yesterday"]),
+        ("gpuload sim exec", ["sim", "exec", "--simulate", "idle", "--epoch", "yesterday"]),
+    ):
+        result = gpuload(*command, "--", "true") if "exec" in command else gpuload(*command)
+        assert (result.returncode, result.stderr) == (2, f"{where}: {expected}")
+
+
+def test_serve_doctor_and_sim_exec_show_the_same_help_for_a_shared_flag() -> None:
+    lines = {}
+    for command in (["serve"], ["doctor"], ["sim", "exec"]):
+        text = " ".join(gpuload(*command, "--help").stdout.split())
+        text = text.replace(", --seed VALUE", "")  # sim exec's older spelling
+        start = text.rindex("--sim.seed VALUE")  # in the options, after the usage line
+        lines[command[-1]] = text[start : text.index(" --", start + 2)]
+    assert lines["serve"] == lines["doctor"] == lines["exec"]
+    assert "seed of the scenario's noise" in lines["serve"]
 
 
 def test_an_unknown_config_key_suggests_the_closest(tmp_path: Path) -> None:

@@ -153,3 +153,43 @@ def test_a_bad_value_of_a_secret_key_is_not_echoed(tmp_path: Path) -> None:
         load_relay(file=path, environ={})
     assert "SECRET" not in str(raised.value)
     assert "web.auth.bearer_token_file" in str(raised.value)
+
+
+def _at(config_object: object, key: str) -> object:
+    for part in key.split("."):
+        config_object = getattr(config_object, part)
+    return config_object
+
+
+def test_each_setting_of_each_program_comes_from_its_one_declaration(tmp_path: Path) -> None:
+    """File key, variable, flag and default of every setting: all from the table's entry."""
+    from exporter import cli
+    from exporter.relay import config as relay_config
+    from exporter.relay.settings import SETTINGS as RELAY
+
+    serve_help = cli.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    for table, loaded, command in (
+        (config.SETTINGS, config.load(), "serve"),
+        (RELAY, relay_config.load(flags={"web.listen_address": "127.0.0.1:0"}), "relay"),
+    ):
+        flags = serve_help[command]._option_string_actions
+        for key, setting in table.by_key.items():
+            if key.startswith("web.auth.") or key == "web.listen_address":
+                continue  # secrets are read into web.auth; the address was given above
+            assert _at(loaded, key) == setting.default, key
+            if setting.flag is not None:
+                assert flags[setting.flag].dest == key
+                assert flags[setting.flag].help == setting.help_line()
+    # A value through each layer reaches the field at the key path, parsed by the one parser.
+    file = tmp_path / "relay.yaml"
+    file.write_text("queue:\n  max_age: 2m\n")
+    loaded = relay_config.load(
+        file=file,
+        environ={"GPULOAD_RELAY_DELIVERY_DIGEST_MAX": "7"},
+        flags={"web.listen_address": "127.0.0.1:0", "log.format": "json"},
+    )
+    assert (loaded.queue.max_age, loaded.delivery.digest_max, loaded.log.format) == (
+        120.0,
+        7,
+        "json",
+    )

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, Daemon, series
 
-from exporter.sim import conformance, importer
-from exporter.sim.conformance import EQUAL, MISMATCH, PINNED_TIME
+from exporter.sim import importer
+from tools import conformance
+from tools.conformance import EQUAL, MISMATCH, PINNED_TIME
 
 REALITY = ROOT.parent / "shared" / "reality"
 NEEDS_REALITY = pytest.mark.skipif(

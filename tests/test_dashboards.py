@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from exporter.alerting import rules, thresholds
-from exporter.dashboards import render
+from tools import RULES_DIR
+from tools.dashboards import render
 
 FILES = sorted(render.DASHBOARDS_DIR.glob("*.json"))
 PROVISIONING = render.DASHBOARDS_DIR.parent / "provisioning"
@@ -62,7 +63,7 @@ def test_committed_dashboards_are_what_the_definitions_render() -> None:
     for path in FILES:
         assert path.read_text(encoding="utf-8") == rendered[path.name], (
             f"{path} differs from its definition: run"
-            " `.venv/bin/python -m exporter.dashboards.render` and commit the result"
+            " `.venv/bin/python -m tools.dashboards.render` and commit the result"
         )
 
 
@@ -311,7 +312,7 @@ def test_bottleneck_table_links_the_runbooks_and_names_every_class() -> None:
         url = rule["labels"].get("runbook_url")
         if url:
             anchor = url.split("#")[1]
-            runbooks = (thresholds.RULES_DIR.parent / "docs" / "runbooks.md").read_text()
+            runbooks = (RULES_DIR.parent / "docs" / "runbooks.md").read_text()
             assert any(line.lower() == f"## {anchor}" for line in runbooks.splitlines()), anchor
 
 

@@ -32,7 +32,7 @@ from helpers import Daemon, start_daemon, wait_until
 
 from exporter.alerting import thresholds
 from exporter.alerting.rules import recording_names, rule_files
-from exporter.dashboards.render import render
+from tools.dashboards.render import render
 
 # The rules' and the dashboards' averaging window here: a whole one is scraped in seconds.
 WINDOW = "20s"

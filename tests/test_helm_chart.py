@@ -22,10 +22,11 @@ from helm_python import _native
 from kubernetes_validate import utils as validate_utils
 
 from exporter import config
-from exporter.alerting import render, thresholds
+from exporter.alerting import thresholds
 from exporter.collectors import REGISTRY
-from exporter.kubernetes import chart as chart_files
 from exporter.relay import config as relay_config
+from tools import RULES_DIR, render_rules
+from tools import chart as chart_files
 
 CHART = chart_files.CHART
 NAMESPACE = "monitoring"
@@ -300,15 +301,15 @@ def shipped_groups() -> list[dict[str, Any]]:
     return [
         group
         for name in files
-        for group in yaml.safe_load((thresholds.RULES_DIR / name).read_text())["groups"]
+        for group in yaml.safe_load((RULES_DIR / name).read_text())["groups"]
     ]
 
 
 def rendered_groups(document: dict[str, Any]) -> list[dict[str, Any]]:
-    """The groups `python -m exporter.alerting.render` makes of a thresholds document."""
+    """The groups `python -m tools.render_rules` makes of a thresholds document."""
     return [
         group
-        for text in render.render(thresholds.parse(document)).values()
+        for text in render_rules.render(thresholds.parse(document)).values()
         for group in yaml.safe_load(text)["groups"]
     ]
 

@@ -29,7 +29,7 @@ from helpers import Daemon, parse_metrics, run_prometheus, series, wait_until
 from kubelet_helpers import FakeKubelet, Pod, short_socket_dir
 from test_helm_chart import render_objects
 
-from exporter.kubernetes import chart as chart_files
+from tools import chart as chart_files
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus")

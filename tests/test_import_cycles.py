@@ -96,8 +96,22 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_the_runtime_package_has_no_import_cycle() -> None:
+def test_the_runtime_package_and_the_tooling_have_no_import_cycle() -> None:
     assert cycles(imports_of(modules_of(ROOT / "exporter"))) == []
+    assert cycles(imports_of(modules_of(ROOT / "tools"))) == []
+
+
+def test_the_runtime_never_imports_the_build_and_check_tooling() -> None:
+    """tools/ is not installed: an import of it from exporter/ fails in the image, not here."""
+    modules = {**modules_of(ROOT / "exporter"), **modules_of(ROOT / "tools")}
+    graph = imports_of(modules)
+    reaching = {
+        module: sorted(target for target in graph[module] if target.split(".")[0] == "tools")
+        for module in graph
+        if module.split(".")[0] == "exporter"
+    }
+    assert {module: targets for module, targets in reaching.items() if targets} == {}
+    assert any(graph[module] for module in graph if module.startswith("tools."))
 
 
 def test_a_cycle_closed_by_an_import_inside_a_function_is_found(tmp_path: Path) -> None:

@@ -23,11 +23,12 @@ import yaml
 from helpers import wait_until
 
 from exporter import config
-from exporter.alerting import templates, thresholds, vectors
+from exporter.alerting import templates, thresholds
 from exporter.alerting.evaluator import NOT_LOCAL, Alert, Evaluator, local_rules
 from exporter.alerting.history import Sample
 from exporter.alerting.local import LocalAlerting
 from exporter.alerting.notify import Notifier
+from tools import RULES_DIR, vectors
 
 VECTOR_FILES = vectors.vector_files()
 needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing")
@@ -93,7 +94,7 @@ def test_every_locally_evaluable_alert_has_a_vector() -> None:
 
 
 def test_local_rules_take_for_labels_and_annotations_from_the_rendered_rules() -> None:
-    document = yaml.safe_load((thresholds.RULES_DIR / "gpuload-alerts.rules.yml").read_text())
+    document = yaml.safe_load((RULES_DIR / "gpuload-alerts.rules.yml").read_text())
     shipped = {
         rule["alert"]: rule
         for group in document["groups"]

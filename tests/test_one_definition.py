@@ -18,7 +18,7 @@ import yaml
 from helpers import ROOT
 
 from exporter.alerting import rules, states, thresholds
-from exporter.dashboards.bottlenecks import BOTTLENECKS
+from tools.dashboards.bottlenecks import BOTTLENECKS
 
 PACKAGE = ROOT / "exporter"
 # (file, the line's text) -> what the literal is, for the lines whose number happens to equal a
@@ -45,8 +45,8 @@ NOT_THRESHOLDS = {
     ("exporter/relay/delivery.py", "_SHUT_AGAIN_SECONDS = 0.05"): "seconds between shutdown tries",
     ("exporter/relay/targets/feishu.py", "min_interval = 0.6"): "seconds between two messages",
     ("exporter/relay/targets/pagerduty.py", "min_interval = 0.5"): "seconds between two events",
-    ("exporter/dashboards/grafana.py", '"exponent": 0.5,'): "a panel's colour scale",
-    ("exporter/sim/conformance.py", "time.sleep(0.05)"): "seconds between polls",
+    ("tools/dashboards/grafana.py", '"exponent": 0.5,'): "a panel's colour scale",
+    ("tools/conformance.py", "time.sleep(0.05)"): "seconds between polls",
 }
 
 
@@ -99,7 +99,7 @@ def test_no_threshold_value_is_written_in_python() -> None:
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(ROOT).as_posix()
-        if relative.startswith("exporter/sim/") and relative != "exporter/sim/conformance.py":
+        if relative.startswith("exporter/sim/") and relative != "tools/conformance.py":
             continue
         for value, line in literals(path):
             if value in values and (relative, line) not in NOT_THRESHOLDS:

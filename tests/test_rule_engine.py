@@ -21,8 +21,8 @@ from helpers import promtool_test_rules
 from exporter.alerting import thresholds
 from exporter.alerting.evaluator import Evaluator, local_rules
 from exporter.alerting.history import Sample
-from exporter.alerting.vectors import INSTANCE, JOB, Case, Check, Expected, to_promtool
 from tests import rule_cases
+from tools.vectors import INSTANCE, JOB, Case, Check, Expected, to_promtool
 
 CASES = 120
 SHARDS = 6

@@ -17,10 +17,10 @@ from helpers import ROOT
 
 from exporter import cli, sim
 from exporter.sim import FUNCTION_NAMES, importer
-from exporter.sim.conformance import recordings
 from exporter.sim.importer import fit_memory
 from exporter.sim.nvsmi import RecordingError
 from exporter.sim.scenario import parse_scenario
+from tools.conformance import recordings
 
 REALITY = ROOT.parent / "shared" / "reality"
 NEEDS_REALITY = pytest.mark.skipif(

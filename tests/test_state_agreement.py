@@ -34,11 +34,11 @@ from simnode import SimulatedNode
 from exporter.alerting import rules
 from exporter.alerting.evaluator import NOT_LOCAL
 from exporter.alerting.history import Labels, labels_of
-from exporter.alerting.vectors import RULES_DIR
 from exporter.doctor.command import Options, run
 from exporter.server.exposition import TEXT, Exposition
 from exporter.sim.scenario import scenario_names
 from exporter.snapshot import Snapshot
+from tools import RULES_DIR
 
 promtool = shutil.which("promtool")
 pytestmark = [

@@ -27,6 +27,7 @@ from helpers import ROOT, Daemon, free_port, run_prometheus
 
 from exporter.alerting import thresholds
 from exporter.alerting.evaluator import NOT_LOCAL, warm_up_seconds
+from tools import RULES_DIR
 
 pytestmark = [
     pytest.mark.real_time,
@@ -116,7 +117,7 @@ def test_prometheus_the_status_page_and_the_doctor_agree_live(
         for scenario, address in addresses.items()
     }
     rule_files = [
-        str(thresholds.RULES_DIR / name)
+        str(RULES_DIR / name)
         for name in ("gpuload-recording.rules.yml", "gpuload-alerts.rules.yml")
     ]
     prometheus = run_prometheus(

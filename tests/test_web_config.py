@@ -36,8 +36,8 @@ from helpers import ROOT, Daemon, follow, wait_until
 from relay_helpers import alert, notification, write_config
 
 from exporter import config
-from exporter.relay import arguments as relay_arguments
 from exporter.relay import config as relay_config
+from exporter.relay import settings as relay_settings
 from exporter.server import webconfig
 from exporter.server.answers import PREFLIGHTED
 from exporter.server.wsgi import Server
@@ -708,7 +708,7 @@ def test_relay_takes_the_flag_and_counts_basic_auth_as_authentication(
     # Not loopback and no web.auth: the web config's users are the authentication.
     settings = relay_config.load(flags={"web.listen_address": ":0", "web.config_file": str(web)})
     assert settings.web.security is not None and settings.web.security.authenticates
-    assert relay_arguments.flag_name("web.config_file") == "--web.config.file"
+    assert relay_settings.SETTINGS.flag_of("web.config_file") == "--web.config.file"
     assert HASH not in repr(settings)
 
 

@@ -2,5 +2,5 @@
 
 - :mod:`exporter.alerting.thresholds` reads and validates ``alert_rules/thresholds.yaml``.
 - :mod:`exporter.alerting.rules` builds the Prometheus recording and alerting rules from it.
-- :mod:`exporter.alerting.render` writes (or checks) the committed files in ``alert_rules/``.
+- :mod:`tools.render_rules` writes (or checks) the committed files in ``alert_rules/``.
 """

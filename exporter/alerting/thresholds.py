@@ -1,7 +1,7 @@
 """The alert thresholds: one YAML definition, read and validated into typed objects.
 
 ``alert_rules/thresholds.yaml`` is the only place the numbers live. The committed rule files are
-rendered from it (:mod:`exporter.alerting.render`); the Helm chart and the local evaluator read it
+rendered from it (:mod:`tools.render_rules`); the Helm chart and the local evaluator read it
 through :func:`load`, so no second copy can drift. Its ``inhibit_rules`` are Alertmanager's, in
 Alertmanager's syntax: local alerting applies them (:mod:`exporter.alerting.inhibition`), and
 docs/runbooks.md shows the same block for an Alertmanager's configuration.
@@ -19,9 +19,7 @@ import yaml
 
 from exporter.alerting.inhibition import EXAMPLE, InhibitRule, Matcher, parse_matchers
 
-# The repository's alert_rules/ folder: thresholds.yaml and the rendered rule files live there.
-RULES_DIR = Path(__file__).resolve().parent.parent.parent / "alert_rules"
-# The same thresholds.yaml through the package's data folder (a link in the repository, the
+# alert_rules/thresholds.yaml through the package's data folder (a link in the repository, the
 # file itself in an installed wheel), so that an installed gpuload finds it too.
 DEFAULT_PATH = Path(__file__).parent / "data" / "thresholds.yaml"
 # docs/runbooks.md, likewise: the doctor quotes its advice.

@@ -25,7 +25,7 @@ from typing import TextIO
 from exporter.alerting import states
 from exporter.alerting import thresholds as thresholds_file
 from exporter.alerting.evaluator import Alert, Evaluator, warm_up_seconds
-from exporter.config import AlertingConfig
+from exporter.config import ALERTING
 from exporter.doctor import runbooks, xids
 from exporter.doctor.node import Group, Node, summarize
 from exporter.doctor.sampling import (
@@ -117,7 +117,7 @@ def run(options: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
         instance=node_name,
         also_keep=states.FAMILIES,
         # Evaluated as often as `gpuload serve` evaluates them (and Prometheus, by default).
-        interval=AlertingConfig().evaluation_interval,
+        interval=ALERTING.defaults()["alerting.evaluation_interval"],
     )
     progress = Progress(err)
     try:

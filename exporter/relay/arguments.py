@@ -9,25 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-DEFAULT_PORT = 19401
-# Flags named after another convention: the exporter-toolkit's, shared with `gpuload serve`.
-_FLAG_NAMES = {"web.config_file": "--web.config.file"}
-
-
-def flag_name(key: str) -> str:
-    """The command-line flag of a key path: queue.max_age -> --queue.max-age."""
-    return _FLAG_NAMES.get(key) or "--" + key.replace("_", "-")
-
-
-# Command-line flag -> configuration key path.
-FLAGS = {
-    "web.listen_address": (f"address to listen on, host:port or :port (default :{DEFAULT_PORT})"),
-    "web.path": "path Alertmanager posts to (default /alerts)",
-    "web.config_file": "web config file in the exporter-toolkit format: TLS and basic auth",
-    "queue.path": "the SQLite queue file (default gpuload-relay.db)",
-    "log.level": "debug, info, warning or error (default info)",
-    "log.format": "text or json (default text)",
-}
+from exporter.relay.settings import SETTINGS
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -37,13 +19,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         default=argparse.SUPPRESS,
         help="YAML configuration file (see docs/relay.md)",
     )
-    parser.add_argument(
-        "--queue.path",
-        dest="queue.path",
-        metavar="FILE",
-        default=argparse.SUPPRESS,
-        help=FLAGS["queue.path"],
-    )
+    SETTINGS.add_flags(parser, ["queue.path"])
 
 
 def add_parser(subparsers: Any) -> None:
@@ -56,15 +32,7 @@ def add_parser(subparsers: Any) -> None:
         "environment variables > the config file > defaults.",
     )
     _common(relay)
-    for key, text in FLAGS.items():
-        if key != "queue.path":
-            relay.add_argument(
-                flag_name(key),
-                dest=key,
-                metavar="VALUE",
-                default=argparse.SUPPRESS,
-                help=text,
-            )
+    SETTINGS.add_flags(relay, [key for key in SETTINGS.by_key if key != "queue.path"])
     commands = relay.add_subparsers(dest="relay_command")
     queue = commands.add_parser(
         "queue",

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from exporter.relay import config
-from exporter.relay.arguments import FLAGS, flag_name
+from exporter.relay.settings import SETTINGS
 from exporter.settings import with_flag_names
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ CONNECT_TIMEOUT = 5.0
 
 def run(args: argparse.Namespace) -> int:
     """Run `gpuload relay` or `gpuload relay queue ...`."""
-    flags = {key: value for key, value in vars(args).items() if key in FLAGS}
+    flags = SETTINGS.flags_given(args)
     file = getattr(args, "config", None)
     try:
         if args.relay_command == "queue":
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
             return _queue(args, config.queue_path(file=file, environ=os.environ, flags=flags))
         settings = config.load(file=file, environ=os.environ, flags=flags)
     except config.ConfigError as error:
-        print(f"gpuload relay: {with_flag_names(str(error), flag_name)}", file=sys.stderr)
+        print(f"gpuload relay: {with_flag_names(str(error), SETTINGS.flag_of)}", file=sys.stderr)
         return 2
     if args.relay_command == "test":
         return _test(settings, args.target)

@@ -1,44 +1,34 @@
 """The relay's configuration: one typed object from defaults < file < env < flags.
 
-Scalar settings have a dotted key path (``queue.max_age``); the YAML file nests
-by it, the environment spells it ``GPULOAD_RELAY_QUEUE_MAX_AGE`` and the command
-line ``--queue.max-age``. ``targets`` and ``route`` are structures and come from
-the file only. Secrets (webhook URLs, signing secrets, routing keys, inbound
-credentials) are read from a file (``url_file``) or an environment variable
+The scalar settings are declared in `exporter.relay.settings`. ``targets`` and ``route`` are
+structures and come from the file only. Secrets (webhook URLs, signing secrets, routing keys,
+inbound credentials) are read from a file (``url_file``) or an environment variable
 (``url_env``) and never printed. Every error names the key path.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import zoneinfo
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exporter.relay.arguments import DEFAULT_PORT
 from exporter.relay.routes import Route, parse_matcher
+from exporter.relay.settings import SETTINGS, parse_text
 from exporter.relay.target_config import Secret, TargetConfig
 from exporter.settings import (
     ConfigError,
     flatten,
     parse_bool,
-    parse_choice,
     parse_duration,
-    parse_listen_address,
-    parse_positive_integer,
-    parse_url_path,
-    read_env,
+    parse_duration_or_zero,
     read_settings_file,
     shown,
 )
-from exporter.settings import env_name as settings_env_name
 
 if TYPE_CHECKING:
     from exporter.server.webconfig import WebSecurity
-
-ENV_PREFIX = "GPULOAD_RELAY_"
 
 __all__ = ["ConfigError", "RelayConfig", "Secret", "TargetConfig", "load", "startup_warnings"]
 
@@ -56,13 +46,13 @@ class AuthConfig:
 class WebConfig:
     """The inbound HTTP endpoint."""
 
-    listen_address: str = f":{DEFAULT_PORT}"
-    path: str = "/alerts"
-    max_body_bytes: int = 1 << 20
-    allow_unauthenticated: bool = False
-    auth: AuthConfig = field(default_factory=AuthConfig)
+    listen_address: str
+    path: str
+    max_body_bytes: int
+    allow_unauthenticated: bool
     # The exporter-toolkit web config file (TLS, basic auth) and what it said at start.
-    config_file: str | None = None
+    config_file: str | None
+    auth: AuthConfig = field(default_factory=AuthConfig)
     security: WebSecurity | None = field(default=None, repr=False)
 
 
@@ -70,114 +60,60 @@ class WebConfig:
 class QueueConfig:
     """The on-disk queue."""
 
-    path: str = "gpuload-relay.db"
-    max_age: float = 3600.0
-    dedup_window: float = 3600.0
-    dead_letter_retention: float = 7 * 24 * 3600.0
+    path: str
+    max_age: float
+    dedup_window: float
+    dead_letter_retention: float
 
 
 @dataclass(frozen=True)
 class DeliveryConfig:
     """How workers retry and coalesce."""
 
-    timeout: float = 10.0
-    backoff_initial: float = 1.0
-    backoff_max: float = 300.0
-    storm_threshold: int = 3
-    digest_max: int = 20
+    timeout: float
+    backoff_initial: float
+    backoff_max: float
+    storm_threshold: int
+    digest_max: int
 
 
 @dataclass(frozen=True)
 class MessageConfig:
     """What messages show besides the alerts themselves."""
 
-    grafana_url: str | None = None
-    grafana_dashboard: str = "gpuload-node"
-    timezone: str = "UTC"
+    grafana_url: str | None
+    grafana_dashboard: str
+    timezone: str
 
 
 @dataclass(frozen=True)
 class LogConfig:
     """Log level and line format."""
 
-    level: str = "info"
-    format: str = "text"
+    level: str
+    format: str
 
 
 @dataclass(frozen=True)
 class RelayConfig:
-    """Everything `gpuload relay` needs, validated."""
+    """Everything `gpuload relay` needs, validated; built from :data:`SETTINGS`."""
 
-    web: WebConfig = field(default_factory=WebConfig)
-    queue: QueueConfig = field(default_factory=QueueConfig)
-    delivery: DeliveryConfig = field(default_factory=DeliveryConfig)
-    message: MessageConfig = field(default_factory=MessageConfig)
-    log: LogConfig = field(default_factory=LogConfig)
+    web: WebConfig
+    queue: QueueConfig
+    delivery: DeliveryConfig
+    message: MessageConfig
+    log: LogConfig
     targets: Mapping[str, TargetConfig] = field(default_factory=dict)
     route: Route = field(default_factory=Route)
 
 
-def _timezone(value: Any) -> str:
-    text = str(value)
-    try:
-        zoneinfo.ZoneInfo(text)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        raise ValueError("expected an IANA time zone like UTC or Asia/Shanghai") from None
-    return text
-
-
-def _url(value: Any) -> str:
-    text = str(value).rstrip("/")
-    if not text.startswith(("http://", "https://")):
-        raise ValueError("expected an http:// or https:// URL")
-    return text
-
-
-def _interval(value: Any) -> float:
-    if value in (0, "0", "0s"):
-        return 0.0
-    return parse_duration(value)
-
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str | int | float) or isinstance(value, bool):
-        raise ValueError("expected a string")
-    return str(value)
-
-
-# Scalar settings by key path. Secrets (`*_file`, `*_env`) are resolved in `_build`.
-_SETTINGS: dict[str, Callable[[Any], Any]] = {
-    "web.listen_address": parse_listen_address,
-    "web.path": parse_url_path,
-    "web.max_body_bytes": parse_positive_integer,
-    "web.allow_unauthenticated": parse_bool,
-    "web.config_file": _text,
-    "web.auth.bearer_token_file": _text,
-    "web.auth.bearer_token_env": _text,
-    "web.auth.basic_auth.username": _text,
-    "web.auth.basic_auth.password_file": _text,
-    "web.auth.basic_auth.password_env": _text,
-    "queue.path": _text,
-    "queue.max_age": parse_duration,
-    "queue.dedup_window": parse_duration,
-    "queue.dead_letter_retention": parse_duration,
-    "delivery.timeout": parse_duration,
-    "delivery.backoff_initial": parse_duration,
-    "delivery.backoff_max": parse_duration,
-    "delivery.storm_threshold": parse_positive_integer,
-    "delivery.digest_max": parse_positive_integer,
-    "message.grafana_url": _url,
-    "message.grafana_dashboard": _text,
-    "message.timezone": _timezone,
-    "log.level": parse_choice("debug", "info", "warning", "error"),
-    "log.format": parse_choice("text", "json"),
+_SECTIONS = {
+    "web": WebConfig,
+    "queue": QueueConfig,
+    "delivery": DeliveryConfig,
+    "message": MessageConfig,
+    "log": LogConfig,
 }
-_STRUCTURES = ("targets", "route")
-
-
-def env_name(key: str) -> str:
-    """The environment variable of a key path: queue.path -> GPULOAD_RELAY_QUEUE_PATH."""
-    return settings_env_name(key, ENV_PREFIX)
 
 
 def is_loopback(listen_address: str) -> bool:
@@ -209,32 +145,19 @@ def load(
         ConfigError: naming the first bad key path, its source and what is expected.
     """
     environ = environ or {}
-    from_file = read_settings_file(Path(file), _STRUCTURES) if file else {}
-    layers = [
-        ("config file", {k: v for k, v in from_file.items() if k not in _STRUCTURES}),
-        (
-            "environment",
-            read_env(environ, _SETTINGS, prefix=ENV_PREFIX, skip=(), program="gpuload relay"),
-        ),
-        ("flag", dict(flags or {})),
-    ]
-    values: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for source, layer in layers:
-        for key, raw in layer.items():
-            parse = _SETTINGS.get(key)
-            if parse is None:
-                known = ", ".join(sorted([*_SETTINGS, *_STRUCTURES]))
-                raise ConfigError(f"{source} {key}: unknown setting (known: {known})")
-            try:
-                values[key] = parse(raw)
-            except (TypeError, ValueError) as error:
-                raise ConfigError(
-                    f"{source} {key}: {shown(key, raw)} is not valid: {error}"
-                ) from None
-            sources[key] = source
+    from_file = read_settings_file(Path(file), SETTINGS.structures) if file else {}
+    values, sources = SETTINGS.resolve(
+        [
+            (
+                "config file",
+                {k: v for k, v in from_file.items() if k not in SETTINGS.structures},
+            ),
+            ("environment", SETTINGS.from_env(environ)),
+            ("flag", dict(flags or {})),
+        ]
+    )
     security = None
-    if "web.config_file" in values:
+    if values["web.config_file"] is not None:
         source = sources["web.config_file"]
         if source == "config file" and file:
             values["web.config_file"] = str(Path(file).parent / values["web.config_file"])
@@ -274,21 +197,18 @@ def load_section(
     Raises:
         ConfigError: naming the first bad key path.
     """
-    flat = flatten(tree, _STRUCTURES)
-    values: dict[str, Any] = {}
-    for key, raw in {**(defaults or {}), **flat}.items():
-        if key in _STRUCTURES:
-            continue
-        parse = _SETTINGS.get(key)
-        if parse is None or not key.startswith(_SECTION_PREFIXES):
-            known = ", ".join(sorted(k for k in _SETTINGS if k.startswith(_SECTION_PREFIXES)))
+    flat = flatten(tree, SETTINGS.structures)
+    given = {key: value for key, value in flat.items() if key not in SETTINGS.structures}
+    for key in given:
+        if key not in SETTINGS or not key.startswith(_SECTION_PREFIXES):
+            known = ", ".join(k for k in sorted(SETTINGS.by_key) if k.startswith(_SECTION_PREFIXES))
             raise ConfigError(f"config file {path}.{key}: unknown setting (known: {known})")
-        try:
-            values[key] = parse(raw)
-        except (TypeError, ValueError) as error:
-            raise ConfigError(
-                f"config file {path}.{key}: {shown(key, raw)} is not valid: {error}"
-            ) from None
+    try:
+        values, _sources = SETTINGS.resolve(
+            [("config file", dict(defaults or {})), ("config file", given)]
+        )
+    except ConfigError as error:
+        raise ConfigError(str(error).replace("config file ", f"config file {path}.", 1)) from None
     secrets = _Secrets(base, environ)
     _all_secrets_present(flat, secrets, f"{path}.")
     try:
@@ -314,15 +234,15 @@ def queue_path(
 ) -> str:
     """Only ``queue.path``, for the queue commands; the rest of the file is not checked."""
     key = "queue.path"
-    path = QueueConfig().path
-    from_file = read_settings_file(Path(file), _STRUCTURES) if file else {}
+    path = str(SETTINGS.defaults()[key])
+    from_file = read_settings_file(Path(file), SETTINGS.structures) if file else {}
     for layer in (
         from_file,
-        {k: v for k, v in (environ or {}).items() if k == env_name(key)},
+        {k: v for k, v in (environ or {}).items() if k == SETTINGS.env_name(key)},
         flags or {},
     ):
         for name, value in layer.items():
-            if name in (key, env_name(key)) and value is not None:
+            if name in (key, SETTINGS.env_name(key)) and value is not None:
                 path = str(value)
     return path
 
@@ -482,11 +402,11 @@ def _targets(tree: Any, secrets: _Secrets) -> dict[str, TargetConfig]:
             secret=read.get("secret"),
             routing_key=read.get("routing_key"),
             template=None if template is None else str(template),
-            min_interval=_field(values, path, "min_interval", _interval),
+            min_interval=_field(values, path, "min_interval", parse_duration_or_zero),
             timeout=_field(values, path, "timeout", parse_duration),
             at_mobiles=tuple(_field(values, path, "at_mobiles", _string_list) or ()),
             at_all=bool(_field(values, path, "at_all", parse_bool)),
-            content_type=_field(values, path, "content_type", _text) or "application/json",
+            content_type=_field(values, path, "content_type", parse_text) or "application/json",
         )
     return targets
 
@@ -567,21 +487,8 @@ def _build(
     route: Route,
     security: WebSecurity | None = None,
 ) -> RelayConfig:
-    defaults = RelayConfig()
-
-    def get(key: str, default: Any) -> Any:
-        return values.get(key, default)
-
     auth = _auth(values, secrets)
-    web = WebConfig(
-        listen_address=get("web.listen_address", defaults.web.listen_address),
-        path=get("web.path", defaults.web.path),
-        max_body_bytes=get("web.max_body_bytes", defaults.web.max_body_bytes),
-        allow_unauthenticated=get("web.allow_unauthenticated", False),
-        auth=auth,
-        config_file=get("web.config_file", None),
-        security=security,
-    )
+    web = SETTINGS.build(WebConfig, values, prefix="web.", auth=auth, security=security)
     unauthenticated = auth.bearer_token is None and auth.password is None
     if not unauthenticated and security is not None and security.users:
         # Both would need the one Authorization header.
@@ -597,36 +504,8 @@ def _build(
             "or client_auth_type RequireAndVerifyClientCert in web.config_file, or "
             "web.allow_unauthenticated: true behind a proxy that authenticates"
         )
-    delivery = DeliveryConfig(
-        timeout=get("delivery.timeout", defaults.delivery.timeout),
-        backoff_initial=get("delivery.backoff_initial", defaults.delivery.backoff_initial),
-        backoff_max=get("delivery.backoff_max", defaults.delivery.backoff_max),
-        storm_threshold=get("delivery.storm_threshold", defaults.delivery.storm_threshold),
-        digest_max=get("delivery.digest_max", defaults.delivery.digest_max),
-    )
-    return RelayConfig(
-        web=web,
-        queue=QueueConfig(
-            path=get("queue.path", defaults.queue.path),
-            max_age=get("queue.max_age", defaults.queue.max_age),
-            dedup_window=get("queue.dedup_window", defaults.queue.dedup_window),
-            dead_letter_retention=get(
-                "queue.dead_letter_retention", defaults.queue.dead_letter_retention
-            ),
-        ),
-        delivery=delivery,
-        message=MessageConfig(
-            grafana_url=get("message.grafana_url", None),
-            grafana_dashboard=get("message.grafana_dashboard", defaults.message.grafana_dashboard),
-            timezone=get("message.timezone", defaults.message.timezone),
-        ),
-        log=LogConfig(
-            level=get("log.level", defaults.log.level),
-            format=get("log.format", defaults.log.format),
-        ),
-        targets=targets,
-        route=route,
-    )
+    sections = {key: kind for key, kind in _SECTIONS.items() if key != "web"}
+    return SETTINGS.build(RelayConfig, values, sections, web=web, targets=targets, route=route)
 
 
 def startup_warnings(config: RelayConfig) -> list[str]:

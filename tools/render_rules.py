@@ -1,6 +1,6 @@
 """Render the rule files in ``alert_rules/`` from the thresholds, or check they are up to date.
 
-``python -m exporter.alerting.render`` rewrites ``alert_rules/*.rules.yml``; with ``--check`` it
+``python -m tools.render_rules`` rewrites ``alert_rules/*.rules.yml``; with ``--check`` it
 writes nothing and exits 1 if a committed file differs from what the thresholds render.
 """
 
@@ -15,10 +15,11 @@ from typing import Any
 import yaml
 
 from exporter.alerting.rules import rule_files
-from exporter.alerting.thresholds import DEFAULT_PATH, RULES_DIR, Thresholds, load
+from exporter.alerting.thresholds import DEFAULT_PATH, Thresholds, load
+from tools import RULES_DIR
 
 HEADER = (
-    "# Rendered from alert_rules/thresholds.yaml by `python -m exporter.alerting.render`.\n"
+    "# Rendered from alert_rules/thresholds.yaml by `python -m tools.render_rules`.\n"
     "# Do not edit: change the thresholds (or exporter/alerting/rules.py) and render again.\n"
 )
 
@@ -50,7 +51,7 @@ def render(thresholds: Thresholds) -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Write the rule files, or with ``--check`` report those that differ; return the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m exporter.alerting.render", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.render_rules", description=__doc__)
     parser.add_argument("--thresholds", type=Path, default=DEFAULT_PATH, help="thresholds file")
     parser.add_argument("--out", type=Path, default=RULES_DIR, help="folder of the rule files")
     parser.add_argument("--check", action="store_true", help="only compare, write nothing")

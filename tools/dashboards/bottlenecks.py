@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 
 from exporter.alerting.thresholds import Thresholds
-from exporter.dashboards.fleet import NODE_LINK, utilization_steps
-from exporter.dashboards.grafana import (
+from tools.dashboards.fleet import NODE_LINK, utilization_steps
+from tools.dashboards.grafana import (
     Field,
     Json,
     Layout,
@@ -26,7 +26,7 @@ from exporter.dashboards.grafana import (
     text,
     timeseries,
 )
-from exporter.dashboards.queries import GPU, NODE, Scope, percent, variables
+from tools.dashboards.queries import GPU, NODE, Scope, percent, variables
 
 UID = "gpuload-bottlenecks"
 

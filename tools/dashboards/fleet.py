@@ -13,7 +13,7 @@ filter (``gpu_pod_info`` is one scraped series per GPU: the bottleneck view has 
 from __future__ import annotations
 
 from exporter.alerting.thresholds import Thresholds
-from exporter.dashboards.grafana import (
+from tools.dashboards.grafana import (
     Field,
     Json,
     Layout,
@@ -28,7 +28,7 @@ from exporter.dashboards.grafana import (
     table,
     timeseries,
 )
-from exporter.dashboards.queries import Scope, percent, variables
+from tools.dashboards.queries import Scope, percent, variables
 
 UID = "gpuload-fleet"
 # Every series of the dashboards has a `node` label (queries.keyed), so a table's Node column

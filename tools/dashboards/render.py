@@ -1,6 +1,6 @@
 """Render the Grafana dashboards in ``grafana/dashboards/`` from their definitions, or check them.
 
-``python -m exporter.dashboards.render`` rewrites ``grafana/dashboards/*.json``; with ``--check``
+``python -m tools.dashboards.render`` rewrites ``grafana/dashboards/*.json``; with ``--check``
 it writes nothing and exits 1 if a committed file differs from what the definitions render.
 """
 
@@ -13,11 +13,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from exporter.alerting.render import write_rendered
 from exporter.alerting.thresholds import DEFAULT_PATH, Thresholds, load
-from exporter.dashboards import bottlenecks, fleet, node
+from tools import ROOT
+from tools.dashboards import bottlenecks, fleet, node
+from tools.render_rules import write_rendered
 
-DASHBOARDS_DIR = Path(__file__).resolve().parent.parent.parent / "grafana" / "dashboards"
+DASHBOARDS_DIR = ROOT / "grafana" / "dashboards"
 
 # File name -> the function that builds the dashboard.
 DASHBOARDS: dict[str, Callable[[Thresholds], dict[str, Any]]] = {
@@ -37,9 +38,7 @@ def render(thresholds: Thresholds) -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Write the dashboards, or with ``--check`` report those that differ; return the exit code."""
-    parser = argparse.ArgumentParser(
-        prog="python -m exporter.dashboards.render", description=__doc__
-    )
+    parser = argparse.ArgumentParser(prog="python -m tools.dashboards.render", description=__doc__)
     parser.add_argument("--thresholds", type=Path, default=DEFAULT_PATH, help="thresholds file")
     parser.add_argument("--out", type=Path, default=DASHBOARDS_DIR, help="folder of the JSON")
     parser.add_argument("--check", action="store_true", help="only compare, write nothing")

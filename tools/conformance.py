@@ -17,7 +17,7 @@ decimals, ratios to whole percent, hertz to MHz) and must equal the printed figu
 nvidia-smi printed as N/A must be absent and one it printed a value for present. Families
 nvidia-smi does not report are not compared, each with its reason (:data:`NOT_COMPARED`).
 
-``python -m exporter.sim.conformance DIR`` (or ``gpuload sim conformance DIR``) prints a table
+``python -m tools.conformance DIR`` prints a table
 per recorded machine and exits 1 when any series mismatches.
 """
 
@@ -1083,9 +1083,9 @@ def families_table(reports: Sequence[Report]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m exporter.sim.conformance DIR``: the table, and every mismatch."""
+    """``python -m tools.conformance DIR``: the table, and every mismatch."""
     parser = argparse.ArgumentParser(
-        prog="python -m exporter.sim.conformance",
+        prog="python -m tools.conformance",
         description="Import every recording under DIR, run gpuload serve --simulate on it and "
         "compare /metrics with what nvidia-smi printed.",
     )

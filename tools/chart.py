@@ -8,7 +8,7 @@ Helm reads only files inside the chart, so ``helm/gpuload/files/`` carries:
   ``exporter.alerting.rules`` with a unique stand-in value for every threshold, each stand-in
   then replaced by a template expression reading that threshold. With the default values the
   chart's PrometheusRule is exactly the shipped rule files; with others, exactly what
-  ``python -m exporter.alerting.render`` makes of the same thresholds. There is no second
+  ``python -m tools.render_rules`` makes of the same thresholds. There is no second
   implementation of the rules to drift;
 - ``dashboards/*.json``: copies of ``grafana/dashboards/``.
 
@@ -31,9 +31,9 @@ from typing import Any
 
 import yaml
 
-from exporter.alerting import render, rules, thresholds
+from exporter.alerting import rules, thresholds
+from tools import ROOT, render_rules
 
-ROOT = thresholds.RULES_DIR.parent
 CHART = ROOT / "helm" / "gpuload"
 DASHBOARDS = ROOT / "grafana" / "dashboards"
 
@@ -112,7 +112,7 @@ def rule_templates(document: dict[str, Any]) -> dict[str, str]:
         name = next(name for name in first if first[name] != second[name])
         raise ChartError(
             f"{name}: a threshold is used in a form scripts/refresh-chart cannot template "
-            "(derived from another value?); extend exporter/kubernetes/chart.py"
+            "(derived from another value?); extend tools/chart.py"
         )
     return first
 
@@ -126,7 +126,7 @@ def _templates_with(document: dict[str, Any], offset: int) -> dict[str, str]:
             for rule in group["rules"]:
                 if "alert" in rule:
                     rule["labels"]["severity"] = _severity_marker(rule["alert"])
-        text = render.dump(content).removeprefix(render.HEADER)
+        text = render_rules.dump(content).removeprefix(render_rules.HEADER)
         # Prometheus' own templates ({{ $labels.gpu }}) must reach the rule as they are.
         text = text.replace("{{", '{{ "{{" }}')
         for pattern, expression in replacements:

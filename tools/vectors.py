@@ -15,7 +15,7 @@ files, with the expected annotations rendered from the rule's templates and the 
 and returns every disagreement. A test runs both, so Prometheus, the local evaluator and the
 vectors must all agree.
 
-``python -m exporter.alerting.vectors --out DIR`` writes the promtool files for a look by hand.
+``python -m tools.vectors --out DIR`` writes the promtool files for a look by hand.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from exporter.alerting import templates
 from exporter.alerting.evaluator import Evaluator, local_rules
 from exporter.alerting.history import Labels, Sample
 from exporter.alerting.rules import COLLECTED_AT, group_names
-from exporter.alerting.thresholds import RULES_DIR, Thresholds, duration_seconds, load
+from exporter.alerting.thresholds import Thresholds, duration_seconds, load
+from tools import RULES_DIR
 
 VECTORS_DIR = RULES_DIR / "vectors"
 INSTANCE = "n1:19400"
@@ -314,9 +315,7 @@ def _compare(case: Case, check: Check, evaluator: Evaluator, rules: Mapping[str,
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Write the promtool files of the shipped vectors into ``--out``; check them locally."""
-    parser = argparse.ArgumentParser(
-        prog="python -m exporter.alerting.vectors", description=__doc__
-    )
+    parser = argparse.ArgumentParser(prog="python -m tools.vectors", description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="folder for the promtool files")
     args = parser.parse_args(argv)
     thresholds = load()

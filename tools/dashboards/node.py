@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 
 from exporter.alerting.thresholds import Thresholds
-from exporter.dashboards.fleet import utilization_steps
-from exporter.dashboards.grafana import (
+from tools.dashboards.fleet import utilization_steps
+from tools.dashboards.grafana import (
     Field,
     Json,
     Layout,
@@ -29,7 +29,7 @@ from exporter.dashboards.grafana import (
     table,
     timeseries,
 )
-from exporter.dashboards.queries import Scope, percent, variables
+from tools.dashboards.queries import Scope, percent, variables
 
 UID = "gpuload-node"
 GPM = "GPM profiling metric (Hopper and newer): no data on older GPUs."

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from exporter.alerting.rules import GPU, NODE, recording_names
 from exporter.alerting.thresholds import Thresholds
-from exporter.dashboards.grafana import Json, datasource_variable, query_variable
+from tools.dashboards.grafana import Json, datasource_variable, query_variable
 
 __all__ = ["GPU", "NODE", "Scope", "keyed", "number", "percent", "variables"]
 

@@ -1,0 +1,104 @@
+"""Every scalar setting of `gpuload relay`, declared once: key path, parser, default, flag, help.
+
+The YAML file nests by the key path (``queue.max_age``), the environment spells it
+``GPULOAD_RELAY_QUEUE_MAX_AGE``; the settings with a flag are on the command line. ``targets``
+and ``route`` are structures and come from the file only (`exporter.relay.config`). Apart from
+that module so that building the command line, which every `gpuload` command does, does not
+import the relay's configuration.
+"""
+
+from __future__ import annotations
+
+import zoneinfo
+from typing import Any
+
+from exporter.settings import (
+    Setting,
+    Settings,
+    parse_bool,
+    parse_choice,
+    parse_duration,
+    parse_listen_address,
+    parse_positive_integer,
+    parse_url_path,
+)
+
+DEFAULT_PORT = 19401
+
+
+def _timezone(value: Any) -> str:
+    text = str(value)
+    try:
+        zoneinfo.ZoneInfo(text)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValueError("expected an IANA time zone like UTC or Asia/Shanghai") from None
+    return text
+
+
+def _url(value: Any) -> str:
+    text = str(value).rstrip("/")
+    if not text.startswith(("http://", "https://")):
+        raise ValueError("expected an http:// or https:// URL")
+    return text
+
+
+def parse_text(value: Any) -> str:
+    """A string, or a number written as one; not a bool, list or mapping."""
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        raise ValueError("expected a string")
+    return str(value)
+
+
+# Secrets (`*_file`, `*_env`) are references here; `exporter.relay.config` reads them.
+SETTINGS = Settings(
+    [
+        Setting(
+            "web.listen_address",
+            parse_listen_address,
+            f":{DEFAULT_PORT}",
+            "--web.listen-address",
+            "address to listen on, host:port or :port",
+        ),
+        Setting("web.path", parse_url_path, "/alerts", "--web.path", "path Alertmanager posts to"),
+        Setting("web.max_body_bytes", parse_positive_integer, 1 << 20),
+        Setting("web.allow_unauthenticated", parse_bool, False),
+        Setting(
+            "web.config_file",
+            parse_text,
+            None,
+            # The exporter-toolkit's flag, shared with `gpuload serve`.
+            "--web.config.file",
+            "web config file in the exporter-toolkit format: TLS and basic auth",
+        ),
+        Setting("web.auth.bearer_token_file", parse_text),
+        Setting("web.auth.bearer_token_env", parse_text),
+        Setting("web.auth.basic_auth.username", parse_text),
+        Setting("web.auth.basic_auth.password_file", parse_text),
+        Setting("web.auth.basic_auth.password_env", parse_text),
+        Setting(
+            "queue.path", parse_text, "gpuload-relay.db", "--queue.path", "the SQLite queue file"
+        ),
+        Setting("queue.max_age", parse_duration, 3600.0),
+        Setting("queue.dedup_window", parse_duration, 3600.0),
+        Setting("queue.dead_letter_retention", parse_duration, 7 * 24 * 3600.0),
+        Setting("delivery.timeout", parse_duration, 10.0),
+        Setting("delivery.backoff_initial", parse_duration, 1.0),
+        Setting("delivery.backoff_max", parse_duration, 300.0),
+        Setting("delivery.storm_threshold", parse_positive_integer, 3),
+        Setting("delivery.digest_max", parse_positive_integer, 20),
+        Setting("message.grafana_url", _url),
+        Setting("message.grafana_dashboard", parse_text, "gpuload-node"),
+        Setting("message.timezone", _timezone, "UTC"),
+        Setting(
+            "log.level",
+            parse_choice("debug", "info", "warning", "error"),
+            "info",
+            "--log.level",
+            "debug, info, warning or error",
+        ),
+        Setting("log.format", parse_choice("text", "json"), "text", "--log.format", "text or json"),
+    ],
+    program="gpuload relay",
+    prefix="GPULOAD_RELAY_",
+    structures=("targets", "route"),
+)
