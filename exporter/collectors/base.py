@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, Literal, NamedTuple, TypeVar
 
 import pynvml
@@ -94,22 +93,26 @@ class Reader:
         self.errors.append(error)
 
     def __call__(
-        self, read: Callable[[], T], *, valid: Callable[[T], bool] | None = None, what: str = ""
+        self,
+        read: Callable[..., T],
+        *args: Any,
+        valid: Callable[[T], bool] | None = None,
+        what: str = "",
     ) -> T | None:
-        """Return `read()`, or None when the value is absent, failed or implausible."""
+        """Return `read(*args)`, or None when the value is absent, failed or implausible."""
         self.last_error = None
-        key = _read_key(read, self._device)
+        key = self._key(read, args)
         if key is not None and key in self._unsupported:
             return None
         try:
-            value = read()
+            value = read(*args)
         except NotSupported as error:
             if key is not None and error.code in _PERMANENTLY_ABSENT:
                 self._unsupported.add(key)
             return None
         except NvmlError as error:
             if error.code == pynvml.NVML_ERROR_NO_PERMISSION:
-                self.refused.append(what or _read_name(read))
+                self.refused.append(what or getattr(read, "__name__", "read"))
                 if key is not None:
                     self._unsupported.add(key)
                 return None
@@ -121,26 +124,15 @@ class Reader:
             return None
         return value
 
-
-def _read_name(read: Callable[[], object]) -> str:
-    """The name of the Device method (or function) behind a read: bounded, for a label."""
-    function: Any = read.func if isinstance(read, partial) else read
-    return str(getattr(function, "__name__", "read"))
-
-
-def _read_key(read: Callable[[], object], device: Device | None) -> Hashable | None:
-    """(method, arguments) of a read of `device`'s own methods; None for any other read."""
-    function: Any = read
-    args: tuple[object, ...] = ()
-    if isinstance(function, partial) and not function.keywords:
-        function, args = function.func, function.args
-    if device is None or getattr(function, "__self__", None) is not device:
-        return None
-    try:
-        hash(args)
-    except TypeError:  # a list of fields, say: not worth remembering
-        return None
-    return (function.__func__, args)
+    def _key(self, read: Callable[..., object], args: tuple[Any, ...]) -> Hashable | None:
+        """(method, arguments) of a read of this GPU's own methods; None for any other read."""
+        if self._device is None or getattr(read, "__self__", None) is not self._device:
+            return None
+        try:
+            hash(args)
+        except TypeError:  # a list of fields, say: not worth remembering
+            return None
+        return (getattr(read, "__func__", read), args)
 
 
 class SlowReads:

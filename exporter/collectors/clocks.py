@@ -73,7 +73,7 @@ class ClocksCollector:
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Yield clocks in hertz and one 0/1 series per clock event reason."""
         for clock in CLOCK_TYPES:
-            current = read(partial(device.clock_mhz, clock), valid=_plausible_mhz, what=clock)
+            current = read(device.clock_mhz, clock, valid=_plausible_mhz, what=clock)
             if current is not None:
                 yield Sample("gpu_clock_hertz", current * _MHZ, (clock,))
         yield from self._maxima(read, partial(self._maximum_clocks, device, read))
@@ -84,6 +84,6 @@ class ClocksCollector:
 
     def _maximum_clocks(self, device: Device, read: Reader) -> Iterator[Sample]:
         for clock in CLOCK_TYPES:
-            peak = read(partial(device.max_clock_mhz, clock), valid=_plausible_mhz, what=clock)
+            peak = read(device.max_clock_mhz, clock, valid=_plausible_mhz, what=clock)
             if peak is not None:
                 yield Sample("gpu_clock_max_hertz", peak * _MHZ, (clock,))

@@ -60,6 +60,6 @@ class EccCollector:
             return
         for type_name, error_type in _TYPES.items():
             for counter_name, counter in _COUNTERS.items():
-                count = read(partial(device.ecc_error_count, error_type, counter))
+                count = read(device.ecc_error_count, error_type, counter)
                 if count is not None:
                     yield Sample("gpu_ecc_errors_total", count, (type_name, counter_name))

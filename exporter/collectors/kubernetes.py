@@ -39,7 +39,6 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING
 
 from exporter import nvml
@@ -271,7 +270,7 @@ def read_directory(read: Reader) -> dict[str, Target]:
     """Every GPU's and MIG device's UUID (and each GPU's index) mapped to what it names."""
     directory: dict[str, Target] = {}
     for index in range(read(nvml.device_count) or 0):
-        device = read(partial(nvml.device, index))
+        device = read(nvml.device, index)
         identity = read(device.identity) if device is not None else None
         if device is None or identity is None:
             continue

@@ -139,7 +139,7 @@ class MigCollector:
         for instance in instances.values():
             sampler = self._samplers.get(instance.gpu_instance)
             if sampler is None:
-                sampler = read(partial(device.gpm_sampler, instance.gpu_instance))
+                sampler = read(device.gpm_sampler, instance.gpu_instance)
                 if sampler is None:
                     continue
                 self._samplers[instance.gpu_instance] = sampler

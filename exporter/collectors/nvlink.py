@@ -197,7 +197,7 @@ class NvlinkCollector:
         if not self._crc_from_field:
             absent = True  # both counters answered that they do not exist, not an error
             for counter, kind in _CRC_COUNTERS:
-                count = read(partial(device.nvlink_error_count, link, counter))
+                count = read(device.nvlink_error_count, link, counter)
                 absent = absent and count is None and read.last_error is None
                 if count is not None:
                     yield Sample("gpu_nvlink_link_crc_errors_total", count, (str(link), kind))
@@ -214,7 +214,7 @@ class NvlinkCollector:
         assert self._links is not None
         wanted = [(family, field, link) for family, field in per_link for link in self._links]
         fields = [(field, link) for _, field, link in wanted]
-        values = read(partial(device.field_values, fields)) or [None] * len(fields)
+        values = read(device.field_values, fields) or [None] * len(fields)
         scale = {field: multiplier for _, field, multiplier in _THROUGHPUT}
         fallback = {field: counter for _, field, counter in _ERROR_FIELDS}
         for (family, field, link), value in zip(wanted, values, strict=True):
@@ -224,7 +224,7 @@ class NvlinkCollector:
             if field == _STATE_FIELD:
                 value = _link_up(device, read, link, value)
             elif value is None and field in fallback:
-                value = read(partial(device.nvlink_error_count, link, fallback[field]))
+                value = read(device.nvlink_error_count, link, fallback[field])
             if value is not None:
                 yield Sample(family, value * scale.get(field, 1), (str(link),))
 
@@ -233,7 +233,7 @@ def _link_up(device: Device, read: Reader, link: int, field: int | None) -> int 
     """1 for an active link, from the state field, else from nvmlDeviceGetNvLinkState."""
     if field is not None:
         return int(field == pynvml.NVML_FEATURE_ENABLED)
-    active = read(partial(device.nvlink_active, link))
+    active = read(device.nvlink_active, link)
     return None if active is None else int(active)
 
 

@@ -135,7 +135,7 @@ class PcieCollector:
 
     def _traffic(self, device: Device, read: Reader) -> Iterator[Sample]:
         if self._source in (None, "fields"):
-            counters = read(partial(device.field_values, _BYTE_FIELDS))
+            counters = read(device.field_values, _BYTE_FIELDS)
             values = [v for v in counters or () if v is not None]
             if self._source is None:
                 # The fields count bytes since the driver loaded and "can be wrapped" at a width
@@ -153,7 +153,7 @@ class PcieCollector:
 
     def _integrated_throughput(self, device: Device, read: Reader) -> Iterator[Sample]:
         rates = {
-            direction: read(partial(device.pcie_throughput_kib_per_second, direction))
+            direction: read(device.pcie_throughput_kib_per_second, direction)
             for direction, _ in _TRAFFIC
         }
         if None in rates.values():

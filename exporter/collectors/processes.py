@@ -27,7 +27,6 @@ import logging
 import os
 from collections import defaultdict
 from collections.abc import Iterator
-from functools import partial
 
 from exporter import nvml
 from exporter.collectors.base import Family, Reader, Sample, register
@@ -115,7 +114,7 @@ class ProcessesCollector:
     def _utilization(
         self, device: Device, read: Reader, labels: dict[int, tuple[str, str]]
     ) -> Iterator[Sample]:
-        samples = read(partial(device.process_utilization, self._last_seen_us))
+        samples = read(device.process_utilization, self._last_seen_us)
         if samples is None:
             return
         if samples:

@@ -77,7 +77,7 @@ class RemappingCollector:
             yield Sample("gpu_row_remap_failed", 1 if rows.failed else 0)
             return
         for cause_name, cause in _CAUSES.items():
-            count = read(partial(device.retired_page_count, cause))
+            count = read(device.retired_page_count, cause)
             if count is not None:
                 yield Sample("gpu_retired_pages", count, (cause_name,))
         pending = read(device.retired_pages_pending)

@@ -74,7 +74,8 @@ class TemperatureCollector:
     def _read_thresholds(self, device: Device, read: Reader) -> Iterator[Sample]:
         for family, kind in _THRESHOLDS:
             value = read(
-                partial(device.temperature_threshold_celsius, kind),
+                device.temperature_threshold_celsius,
+                kind,
                 valid=_plausible,
                 what=family,
             )

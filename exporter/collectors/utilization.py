@@ -26,7 +26,6 @@ whatever the instant reading happened to be.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from functools import partial
 
 from exporter.collectors.base import (
     Family,
@@ -143,7 +142,9 @@ class UtilizationCollector:
         idle = None
         for kind in ("gpu", "memory"):
             samples = read(
-                partial(device.utilization_samples, kind, self._last_seen_us[kind]),
+                device.utilization_samples,
+                kind,
+                self._last_seen_us[kind],
                 valid=_all_percent,
                 what=f"{kind} utilization samples",
             )
