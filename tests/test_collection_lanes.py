@@ -22,8 +22,9 @@ import pytest
 from helpers import Clock, exposition_text, parse_metrics, series, value_of
 
 from exporter import sim
-from exporter.collection import Collection, _Backoff
+from exporter.collection import Collection
 from exporter.collectors import REGISTRY
+from exporter.session import Backoff
 from exporter.sim.library import SimulatedNvml
 from exporter.snapshot import Snapshot
 
@@ -230,7 +231,7 @@ def test_a_hung_gpu_holds_one_lane_and_the_others_are_collected_every_cycle(
 
 
 def test_a_retry_one_interval_later_is_not_put_off_by_a_cycle_that_came_a_little_early() -> None:
-    backoff = _Backoff()
+    backoff = Backoff()
     backoff.failed(100.0)  # the first retry is due 1 s later, the next 2 s after that one
     assert not backoff.due(100.85)
     assert backoff.due(100.95)  # the next 1 s cycle, 50 ms early

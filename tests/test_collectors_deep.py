@@ -498,7 +498,7 @@ def test_a_collector_listing_bad_fields_costs_only_the_shared_read() -> None:
     # A collector whose field list cannot be read (a bug): the others still read theirs.
     with node("h100-nvlink", at=60) as (_, collection, _sim):
         collection.run_cycle()
-        gpu = collection._gpus[0]
+        gpu = collection._session.gpus[0]
         gpu.collectors["temperature"].fields = lambda slow_due: ["not a field"]
         samples = scrape(collection.run_cycle())
     gpu0 = labels_of(samples, "0")
