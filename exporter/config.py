@@ -109,6 +109,19 @@ class Config:
         return self.collect_timeout or max(0.1, self.collect_interval * 0.8)
 
 
+# What the server answers itself, besides the metrics.
+RESERVED_PATHS = ("/", "/healthz", "/readyz", "/api/v1/status")
+
+
+def _telemetry_path(value: Any) -> str:
+    path = parse_url_path(value)
+    if path in RESERVED_PATHS:
+        raise ValueError(
+            f"{path} is gpuload's own ({', '.join(RESERVED_PATHS)}): choose another, e.g. /metrics"
+        )
+    return path
+
+
 _SECTIONS = {"web": WebConfig, "log": LogConfig, "simulate": SimulationConfig}
 
 # Every scalar setting of `gpuload serve`: its key path, parser, default, flag and help. The
@@ -124,7 +137,7 @@ SETTINGS = Settings(
         ),
         Setting(
             "web.telemetry_path",
-            parse_url_path,
+            _telemetry_path,
             "/metrics",
             "--web.telemetry-path",
             "path of the metrics",

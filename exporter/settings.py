@@ -15,7 +15,9 @@ import argparse
 import dataclasses
 import difflib
 import math
+import os
 import re
+import stat
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,15 +86,79 @@ def shown(key: str, value: Any) -> str:
     name = key.rsplit(".", 1)[-1].lower()
     if any(word in name for word in _SECRET_WORDS):
         return f"a {type(value).__name__} (not shown: the key names a secret)"
-    return repr(value)
+    return cut(repr(value))
 
 
-class _NoAliasLoader(yaml.SafeLoader):
-    """YAML without aliases, which no setting needs.
+# Bounds on what any input file may hold: a settings file is a few KiB and a few levels deep.
+MAX_INPUT_BYTES = 1 << 20
+MAX_DEPTH = 32
+MAX_INTEGER_DIGITS = 20
+# How much of a value an error message shows.
+SHOWN_CHARACTERS = 80
+
+
+def _kind_of(mode: int) -> str:
+    kinds = {
+        stat.S_ISDIR: "a folder",
+        stat.S_ISFIFO: "a FIFO",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+        stat.S_ISSOCK: "a socket",
+    }
+    return next((name for test, name in kinds.items() if test(mode)), "not a regular file")
+
+
+def read_input(path: str | Path) -> str:
+    """An input file's text: a regular file, read without blocking, at most 1 MiB, strict UTF-8.
+
+    A FIFO, a device (``/dev/zero``) or a folder is refused before any read, so no input file
+    can hang a process or grow its memory.
+
+    Raises:
+        ConfigError: one line saying what was wrong and what is expected (without the path,
+            which the caller names).
+    """
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as error:
+        raise ConfigError(f"cannot read it ({error.strerror})") from None
+    try:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{_kind_of(mode)}, not a regular file: give a file")
+        data = bytearray()
+        while len(data) <= MAX_INPUT_BYTES:
+            chunk = os.read(descriptor, 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    except OSError as error:
+        raise ConfigError(f"cannot read it ({error.strerror})") from None
+    finally:
+        os.close(descriptor)
+    if len(data) > MAX_INPUT_BYTES:
+        raise ConfigError(f"larger than {MAX_INPUT_BYTES} bytes (1 MiB): not a settings file?")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"not UTF-8: byte 0x{data[error.start]:02x} at offset {error.start} "
+            f"({error.reason}); save the file as UTF-8"
+        ) from None
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML as a settings file needs it: no aliases, no duplicate keys, bounded depth and numbers.
 
     `*name` re-uses a node, and a few of them nested expand to gigabytes (a "billion laughs")
-    before any key is checked.
+    before any key is checked. A duplicate key would silently take the last value. Deep
+    nesting would exhaust the recursion of the composer, and a 5,000-digit integer the
+    interpreter's limit on converting it.
     """
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self._depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         if self.check_event(yaml.AliasEvent):
@@ -101,7 +167,51 @@ class _NoAliasLoader(yaml.SafeLoader):
                 problem="aliases (*name) are not accepted in a config file",
                 problem_mark=event.start_mark,
             )
-        return super().compose_node(parent, index)
+        if self._depth >= MAX_DEPTH:
+            raise yaml.MarkedYAMLError(
+                problem=f"nested deeper than {MAX_DEPTH} levels",
+                problem_mark=self.peek_event().start_mark,
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _value_node in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the base class says so
+                break
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    problem=f"duplicate key {cut(repr(key))}",
+                    problem_mark=key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node: Any) -> int:
+        digits = [c for c in str(node.value) if c.isalnum()]
+        if len(digits) > MAX_INTEGER_DIGITS:
+            raise yaml.constructor.ConstructorError(
+                problem=f"an integer of more than {MAX_INTEGER_DIGITS} digits",
+                problem_mark=node.start_mark,
+            )
+        return int(super().construct_yaml_int(node))
+
+
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
+
+
+def cut(text: str, limit: int = SHOWN_CHARACTERS) -> str:
+    """``text`` for a message: whole up to ``limit`` characters, else its start and its length."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
 
 
 def load_yaml(text: str, where: str) -> Any:
@@ -111,13 +221,13 @@ def load_yaml(text: str, where: str) -> Any:
         ConfigError: naming ``where`` and the line.
     """
     try:
-        return yaml.load(text, Loader=_NoAliasLoader)
+        return yaml.load(text, Loader=_StrictLoader)
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark or error.context_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = error.problem or error.context or "not valid YAML"
         raise ConfigError(f"{where}: not valid YAML{at}: {problem}") from None
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         raise ConfigError(f"{where}: not valid YAML") from None
 
 
@@ -172,8 +282,11 @@ def number(value: Any) -> float:
     try:
         if isinstance(value, bool):
             raise ValueError
-        return float(value)
-    except ValueError:
+        result = float(value)
+        if not math.isfinite(result):
+            raise ValueError
+        return result
+    except (ValueError, TypeError, OverflowError):
         raise ValueError("expected a number, e.g. 1767225600 (unix seconds) or 2.5") from None
 
 
@@ -183,7 +296,7 @@ def integer(value: Any) -> int:
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
             raise ValueError
         return int(value)
-    except ValueError:
+    except (ValueError, TypeError, OverflowError):
         raise ValueError("expected a whole number, e.g. 42") from None
 
 
@@ -202,7 +315,8 @@ def flatten(tree: Mapping[Any, Any], structures: Collection[str] = ()) -> dict[s
     def walk(node: Mapping[Any, Any], prefix: str) -> None:
         for key, value in node.items():
             path = f"{prefix}.{key}" if prefix else str(key)
-            if isinstance(value, Mapping) and path not in structures:
+            # An empty mapping stays a value: `metrics_profile: {}` is a bad value, not no value.
+            if isinstance(value, Mapping) and value and path not in structures:
                 walk(value, path)
             else:
                 flat[path] = value
@@ -214,9 +328,9 @@ def flatten(tree: Mapping[Any, Any], structures: Collection[str] = ()) -> dict[s
 def read_settings_file(path: Path, structures: Collection[str] = ()) -> dict[str, Any]:
     """A YAML settings file, flattened to key paths; errors name the file."""
     try:
-        text = path.read_text()
-    except OSError as error:
-        raise ConfigError(f"config file {path}: cannot read it ({error.strerror})") from None
+        text = read_input(path)
+    except ConfigError as error:
+        raise ConfigError(f"config file {path}: {error}") from None
     tree = load_yaml(text, f"config file {path}")
     if tree is None:
         return {}
@@ -251,6 +365,18 @@ def parse_positive_integer(value: Any) -> int:
     if number < 1:
         raise ValueError("expected an integer of at least 1")
     return number
+
+
+def at_most(limit: int) -> Callable[[Any], int]:
+    """A parser of positive integers up to ``limit``."""
+
+    def parse(value: Any) -> int:
+        number = parse_positive_integer(value)
+        if number > limit:
+            raise ValueError(f"expected an integer from 1 to {limit}")
+        return number
+
+    return parse
 
 
 @dataclass(frozen=True)
@@ -382,6 +508,8 @@ class Settings:
         for source, layer in layers:
             for key, raw in layer.items():
                 setting = self.by_key.get(key)
+                if setting is None and self.is_empty_section(key, raw):
+                    continue
                 if setting is None:
                     raise ConfigError(f"{source} {key}: unknown setting{self.hint(key)}")
                 try:
@@ -392,6 +520,10 @@ class Settings:
                     ) from None
                 sources[key] = source
         return values, sources
+
+    def is_empty_section(self, key: str, value: Any) -> bool:
+        """Whether ``key: {}`` is a section with nothing set (``web: {}``), not a bad value."""
+        return value == {} and any(known.startswith(key + ".") for known in self.by_key)
 
     def hint(self, key: str) -> str:
         """The closest known key, and what is known, for an unknown one."""

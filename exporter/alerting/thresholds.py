@@ -15,9 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
-import yaml
-
 from exporter.alerting.inhibition import EXAMPLE, InhibitRule, Matcher, parse_matchers
+from exporter.settings import ConfigError, load_yaml, read_input
 
 # alert_rules/thresholds.yaml through the package's data folder (a link in the repository, the
 # file itself in an installed wheel), so that an installed gpuload finds it too.
@@ -157,9 +156,13 @@ def load(path: Path | str | None = None) -> Thresholds:
     """
     source = Path(path) if path is not None else DEFAULT_PATH
     try:
-        document = yaml.safe_load(source.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as error:
-        raise ThresholdsError(f"cannot read thresholds file {source}: {error}") from error
+        text = read_input(source)
+    except ConfigError as error:
+        raise ThresholdsError(f"thresholds file {source}: {error}") from None
+    try:
+        document = load_yaml(text, f"thresholds file {source}")
+    except ConfigError as error:
+        raise ThresholdsError(str(error)) from None
     return parse(document, origin=str(source))
 
 

@@ -23,6 +23,7 @@ from exporter.settings import (
     parse_bool,
     parse_duration,
     parse_duration_or_zero,
+    read_input,
     read_settings_file,
     shown,
 )
@@ -198,7 +199,11 @@ def load_section(
         ConfigError: naming the first bad key path.
     """
     flat = flatten(tree, SETTINGS.structures)
-    given = {key: value for key, value in flat.items() if key not in SETTINGS.structures}
+    given = {
+        key: value
+        for key, value in flat.items()
+        if key not in SETTINGS.structures and not SETTINGS.is_empty_section(key, value)
+    }
     for key in given:
         if key not in SETTINGS or not key.startswith(_SECTION_PREFIXES):
             known = ", ".join(k for k in sorted(SETTINGS.by_key) if k.startswith(_SECTION_PREFIXES))
@@ -319,11 +324,14 @@ class _Secrets:
     def _from_file(self, name: str, where: str) -> Secret:
         path = self._base / name
         try:
-            value = path.read_text().strip()
-        except OSError as error:
-            raise ConfigError(
-                f"config file {where}: cannot read {path} ({error.strerror})"
-            ) from None
+            value = read_input(path).strip()
+        except ConfigError as error:
+            problem = str(error)
+            if problem.startswith("cannot read it"):
+                problem = problem.replace("it", str(path), 1)
+            else:
+                problem = f"{path}: {problem}"
+            raise ConfigError(f"config file {where}: {problem}") from None
         if not value:
             raise ConfigError(f"config file {where}: {path} is empty")
         return Secret(value, f"file {path}")
@@ -487,6 +495,12 @@ def _build(
     route: Route,
     security: WebSecurity | None = None,
 ) -> RelayConfig:
+    if values["delivery.backoff_initial"] > values["delivery.backoff_max"]:
+        raise ConfigError(
+            f"delivery.backoff_initial: {values['delivery.backoff_initial']:g}s is above "
+            f"delivery.backoff_max ({values['delivery.backoff_max']:g}s): the first retry "
+            "cannot wait longer than the longest"
+        )
     auth = _auth(values, secrets)
     web = SETTINGS.build(WebConfig, values, prefix="web.", auth=auth, security=security)
     unauthenticated = auth.bearer_token is None and auth.password is None

@@ -15,6 +15,7 @@ from typing import Any
 from exporter.settings import (
     Setting,
     Settings,
+    at_most,
     parse_bool,
     parse_choice,
     parse_duration,
@@ -60,7 +61,8 @@ SETTINGS = Settings(
             "address to listen on, host:port or :port",
         ),
         Setting("web.path", parse_url_path, "/alerts", "--web.path", "path Alertmanager posts to"),
-        Setting("web.max_body_bytes", parse_positive_integer, 1 << 20),
+        # Alertmanager's payloads are KiB; the bound keeps a typo from letting a client fill memory.
+        Setting("web.max_body_bytes", at_most(64 << 20), 1 << 20),
         Setting("web.allow_unauthenticated", parse_bool, False),
         Setting(
             "web.config_file",

@@ -31,7 +31,7 @@ from typing import Any
 import bcrypt
 
 from exporter.server.answers import Answer, refused_unless_preflighted
-from exporter.settings import ConfigError, load_yaml, parse_bool
+from exporter.settings import ConfigError, load_yaml, parse_bool, read_input
 
 log = logging.getLogger(__name__)
 
@@ -215,9 +215,9 @@ def load(path: str | Path) -> WebSecurity:
 def _load(path: Path) -> WebSecurity:
     before = _stamp([path])
     try:
-        text = path.read_text()
-    except OSError as error:
-        raise _Problem("file", f"cannot read it ({error.strerror})") from None
+        text = read_input(path)
+    except ConfigError as error:
+        raise _Problem("file", str(error)) from None
     # Says the line and the problem, never the text there (it may hold a hash); no aliases.
     tree = load_yaml(text, "file")
     tree = {} if tree is None else tree
