@@ -672,6 +672,8 @@ def test_a_delivery_whose_record_fails_on_a_full_disk_is_sent_once(
         )
         worker = node.workers["hook"]
         node.accept("hook", "gpu")
+        # The queue's reserve already given back (test_relay_queue.py tests how it is used).
+        (disk / "relay.db-reserve").unlink()
         filler = fill(disk)
         caplog.set_level(logging.INFO, logger="exporter.relay")
         for _ in range(10):

@@ -28,7 +28,7 @@ from relay_helpers import (
     write_lock_held,
 )
 
-from exporter.relay.queue import DEAD, QUEUED, Queue
+from exporter.relay.queue import DEAD, QUEUED, NoRoom, Queue
 
 NOW = 1_767_322_800.0
 MAX_AGE = 3600.0
@@ -122,6 +122,11 @@ def test_a_group_commit_on_a_full_disk_fails_every_enqueue_in_it_and_keeps_none(
         try:
             queue.enqueue([("hook", "before", "fine")], NOW, MAX_AGE)
             filler = fill(disk)
+            # An enqueue checks for room first (tests/test_relay_readiness.py); here the disk
+            # fills after that check, while the enqueues wait for their group commit.
+            with pytest.raises(NoRoom):
+                queue.enqueue([("hook", "refused", "x")], NOW, MAX_AGE)
+            queue.room = lambda: None  # type: ignore[method-assign]
             with write_lock_held(path):
                 first = enqueue_later(queue, [("hook", "first", "x" * 100_000)])
                 wait_until(lambda: queue.waiting == 0 and not first.done(), what="the first")

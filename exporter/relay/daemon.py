@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sqlite3
 import threading
@@ -14,7 +15,7 @@ from exporter.relay import targets
 from exporter.relay.config import RelayConfig
 from exporter.relay.delivery import Worker
 from exporter.relay.metrics import RelayMetrics
-from exporter.relay.queue import Queue
+from exporter.relay.queue import Corrupt, Queue
 from exporter.relay.server import RelayApplication
 from exporter.relay.templates import MessageSettings
 from exporter.server.wsgi import Server
@@ -109,14 +110,27 @@ class Relay:
                 log.warning("cannot prune the queue: %s", error)
 
 
+def _why(path: str, error: sqlite3.Error) -> str:
+    """Why the queue file could not be opened, in the words of what to change."""
+    folder = Path(path).resolve().parent
+    if not folder.is_dir():
+        return f"its folder {folder} does not exist (set queue.path)"
+    if os.statvfs(folder).f_flag & os.ST_RDONLY:
+        return f"its folder {folder} is on a read-only file system: give a writable queue.path"
+    if not os.access(folder, os.W_OK):
+        return f"this user cannot write in its folder {folder}: give a writable queue.path"
+    return f"{error} (set queue.path)"
+
+
 def serve(config: RelayConfig, *, stop: threading.Event | None = None) -> int:
     """Run the relay until SIGTERM/SIGINT (or `stop` is set); returns the exit code."""
     try:
         relay = Relay(config)
+    except Corrupt as error:
+        log.error("%s", error)
+        return 1
     except sqlite3.Error as error:
-        folder = Path(config.queue.path).resolve().parent
-        why = f"its folder {folder} does not exist" if not folder.is_dir() else str(error)
-        log.error("cannot open the queue %s: %s (set queue.path)", config.queue.path, why)
+        log.error("cannot open the queue %s: %s", config.queue.path, _why(config.queue.path, error))
         return 1
     except OSError as error:
         log.error("cannot listen on %s: %s", config.web.listen_address, error.strerror or error)

@@ -24,20 +24,75 @@ transaction commit.
 
 Every thread uses its own connection; the ``gpuload relay queue`` command opens
 the same file while the relay runs, and SQLite serialises the writers.
+
+A full disk never strands what was accepted: the queue keeps a reserve file of
+:data:`RESERVE_BYTES` beside it, gives it back to the file system when recording a
+delivery (or a retry, a dead letter) finds the disk full, and refuses new notifications
+while it cannot keep the reserve (:meth:`Queue.room`); they are accepted again by
+themselves once there is room. The WAL is checkpointed every 32 pages and cut back to
+128 KiB, so that it holds no more of the disk than the reserve gives back. A corrupt
+file stops the start with what to do, rather than failing every notification.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import logging
+import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 QUEUED, DELIVERED, DEAD = "queued", "delivered", "dead"
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# What the delivery path may need when the disk is full: a few hundred acks and a checkpoint.
+RESERVE_BYTES = 512 * 1024
+_WAL_PAGES = 32
+# Free space, besides the reserve, below which new notifications are refused.
+_ROOM_BYTES = 128 * 1024
+_WAL_BYTES = 128 * 1024
+# SQLite's primary result codes (sqlite3.h) that say the disk or the file is the problem.
+_FULL, _CORRUPT, _NOT_A_DATABASE = 13, 11, 26
+
+
+class NoRoom(sqlite3.OperationalError):
+    """The queue cannot take a notification now: the disk is full (it keeps its reserve)."""
+
+
+class Corrupt(sqlite3.DatabaseError):
+    """The queue file is damaged; the message says what to do."""
+
+
+def _code(error: sqlite3.Error) -> int | None:
+    """SQLite's primary result code of an error (Python 3.11+), else from its message."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        return int(code) & 0xFF
+    text = str(error)
+    if "disk is full" in text:
+        return _FULL
+    if "malformed" in text:
+        return _CORRUPT
+    if "not a database" in text:
+        return _NOT_A_DATABASE
+    return None
+
+
+def is_corrupt(error: sqlite3.Error) -> bool:
+    """Whether an error says the file itself is damaged (not busy, not full, not read-only)."""
+    return _code(error) in (_CORRUPT, _NOT_A_DATABASE)
+
+
+_READINESS = """
+CREATE TABLE IF NOT EXISTS readiness (id INTEGER PRIMARY KEY CHECK (id = 1), checked_at REAL)
+"""
 
 _TABLE = """
 CREATE TABLE IF NOT EXISTS notifications (
@@ -184,8 +239,26 @@ class Queue:
         self._committing = False
         # Write transactions this object committed: shows how many enqueues share a commit.
         self.commits = 0
+        self._reserve = f"{path}-reserve"
+        # Why the file is damaged, once a write found it so: it does not heal by itself.
+        self.corrupt: str | None = None
+        try:
+            self._create()
+            problems = [row[0] for row in self._query("PRAGMA quick_check")]
+        except sqlite3.DatabaseError as error:
+            if not is_corrupt(error):
+                self.close()
+                raise
+            problems = [str(error)]
+        if problems != ["ok"]:
+            self.close()
+            raise Corrupt(_corrupt_message(path, problems[0]))
+        self._keep_reserve()
+
+    def _create(self) -> None:
         with self._transaction() as db:
             db.execute(_TABLE)
+            db.execute(_READINESS)
             columns = {row[1] for row in db.execute("PRAGMA table_info(notifications)")}
             if "incident" not in columns:
                 for statement in _MIGRATE:
@@ -198,7 +271,86 @@ class Queue:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
         db.execute("PRAGMA busy_timeout=10000")
+        db.execute(f"PRAGMA wal_autocheckpoint={_WAL_PAGES}")
+        db.execute(f"PRAGMA journal_size_limit={_WAL_BYTES}")
         return db
+
+    def _keep_reserve(self) -> bool:
+        """Whether the reserve is there, writing it if it is not and there is room for it."""
+        try:
+            if os.stat(self._reserve).st_size == RESERVE_BYTES:
+                return True
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+        # Taken again only with as much room again beside it: a reserve given back to a
+        # delivery is not taken back from the next one.
+        folder = os.path.dirname(os.path.abspath(self.path))
+        try:
+            room = os.statvfs(folder)
+        except OSError:
+            return False
+        if room.f_bavail * room.f_frsize < 2 * RESERVE_BYTES:
+            return False
+        try:
+            with open(self._reserve, "wb") as reserve:
+                for _ in range(RESERVE_BYTES // 65536):
+                    reserve.write(bytes(65536))
+                reserve.flush()
+                os.fsync(reserve.fileno())
+        except OSError:
+            self._give_back_reserve()
+            return False
+        return True
+
+    def _give_back_reserve(self) -> bool:
+        try:
+            os.unlink(self._reserve)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return False
+        return True
+
+    def room(self) -> str | None:
+        """Why the queue cannot take a notification now, or None when it can.
+
+        Besides its reserve, the disk must have room for notifications: a nearly full disk
+        would take a small write (a readiness probe) and refuse the next notification.
+        """
+        if self.corrupt is not None:
+            return self.corrupt
+        folder = os.path.dirname(os.path.abspath(self.path))
+        try:
+            room = os.statvfs(folder)
+            free = room.f_bavail * room.f_frsize
+        except OSError:
+            free = 0
+        if not self._keep_reserve() or free < _ROOM_BYTES:
+            return (
+                f"the disk of {folder} is full ({free // 1024} KiB free): new notifications are "
+                f"refused until there is room, and the queue's {RESERVE_BYTES // 1024} KiB "
+                "reserve keeps the deliveries of those accepted going"
+            )
+        return None
+
+    def _recorded(self, work: Callable[[sqlite3.Connection], T]) -> T:
+        """``work`` in a transaction of the delivery path; on a full disk, with the reserve."""
+        try:
+            with self._transaction() as db:
+                return work(db)
+        except sqlite3.OperationalError as error:
+            if _code(error) != _FULL or not self._give_back_reserve():
+                raise
+        log.warning(
+            "the disk of the queue %s is full: its %d KiB reserve was given back so that "
+            "deliveries go on; new notifications are refused until there is room",
+            self.path,
+            RESERVE_BYTES // 1024,
+        )
+        with self._transaction() as db:
+            return work(db)
 
     @contextmanager
     def _borrowed(self) -> Iterator[sqlite3.Connection]:
@@ -249,8 +401,23 @@ class Queue:
             self._idle.clear()
 
     def check(self) -> None:
-        """Raise sqlite3.Error if the file cannot be read."""
-        self._query("SELECT 1 FROM notifications LIMIT 1")
+        """Raise sqlite3.Error unless a notification could be committed now.
+
+        A real write: a read-only or full file system, or a file that cannot be written,
+        fails it, as it would fail the next notification.
+        """
+        reason = self.room()
+        if reason is not None:
+            raise NoRoom(reason)
+        try:
+            with self._transaction() as db:
+                db.execute(
+                    "INSERT INTO readiness VALUES (1, julianday('now')) "
+                    "ON CONFLICT (id) DO UPDATE SET checked_at = excluded.checked_at"
+                )
+        except sqlite3.Error as error:
+            self._note(error)
+            raise
 
     def enqueue(self, rows: Sequence[Row], now: float, max_age: float) -> list[tuple[str, bool]]:
         """Commit rows, with other threads' rows, in one transaction.
@@ -261,6 +428,9 @@ class Queue:
         these rows could not be stored (sqlite3.DataError for a body that is not valid
         Unicode); then none of them is kept.
         """
+        reason = self.room()
+        if reason is not None:
+            raise NoRoom(reason)
         complete = [
             (row[0], row[1], row[3] if len(row) == 4 else group_key(row[2]) or row[1], row[2])
             for row in rows
@@ -293,6 +463,7 @@ class Queue:
                 results = [self._insert_alone(db, enqueue) for enqueue in batch.enqueues]
             batch.results = results
         except sqlite3.Error as error:
+            self._note(error)
             batch.error = error
         finally:
             if batch.results is None and batch.error is None:
@@ -302,6 +473,12 @@ class Queue:
                 self._committing = False
                 batch.turn.notify_all()
                 self._batch.turn.notify()
+
+    def _note(self, error: sqlite3.Error) -> None:
+        """Remember a damaged file: every later notification would fail the same way."""
+        if is_corrupt(error) and self.corrupt is None:
+            self.corrupt = _corrupt_message(self.path, str(error))
+            log.error("%s", self.corrupt)
 
     def _insert_alone(
         self, db: sqlite3.Connection, enqueue: _Enqueue
@@ -357,45 +534,51 @@ class Queue:
 
     def delivered(self, ids: Sequence[int], now: float) -> None:
         """Mark rows delivered; their bodies are no longer needed."""
-        with self._transaction() as db:
-            db.executemany(
+        self._recorded(
+            lambda db: db.executemany(
                 "UPDATE notifications SET state = 'delivered', body = '', finished_at = ?, "
                 "attempts = attempts + 1, last_error = '' WHERE id = ? AND state = 'queued'",
                 [(now, i) for i in ids],
             )
+        )
 
     def retry(self, ids: Sequence[int], next_attempt_at: float, error: str) -> None:
         """Record a failed attempt; the rows stay queued."""
-        with self._transaction() as db:
-            db.executemany(
+        self._recorded(
+            lambda db: db.executemany(
                 "UPDATE notifications SET attempts = attempts + 1, next_attempt_at = ?, "
                 "last_error = ? WHERE id = ? AND state = 'queued'",
                 [(next_attempt_at, error, i) for i in ids],
             )
+        )
 
     def dead(self, ids: Sequence[int], now: float, error: str) -> None:
         """Move rows to the dead letters."""
-        with self._transaction() as db:
-            db.executemany(
+        self._recorded(
+            lambda db: db.executemany(
                 "UPDATE notifications SET state = 'dead', finished_at = ?, "
                 "attempts = attempts + 1, last_error = ? WHERE id = ? AND state = 'queued'",
                 [(now, error, i) for i in ids],
             )
+        )
 
     def expire(self, target: str, now: float) -> int:
         """Move a target's rows older than their max age to the dead letters; how many moved."""
-        with self._transaction() as db:
-            cursor = db.execute(
-                "UPDATE notifications SET state = 'dead', finished_at = ?, "
-                "last_error = 'expired: not delivered within queue.max_age; last error: ' "
-                "|| last_error WHERE target = ? AND state = 'queued' AND expires_at <= ?",
-                (now, target, now),
+        return self._recorded(
+            lambda db: (
+                db.execute(
+                    "UPDATE notifications SET state = 'dead', finished_at = ?, "
+                    "last_error = 'expired: not delivered within queue.max_age; last error: ' "
+                    "|| last_error WHERE target = ? AND state = 'queued' AND expires_at <= ?",
+                    (now, target, now),
+                ).rowcount
             )
-            return cursor.rowcount
+        )
 
     def prune(self, now: float, dead_letter_retention: float) -> None:
         """Forget delivered rows past the dedup window and dead letters past their retention."""
-        with self._transaction() as db:
+
+        def forget(db: sqlite3.Connection) -> None:
             db.execute(
                 "DELETE FROM notifications WHERE state = 'delivered' AND finished_at < ?",
                 (now - self.dedup_window,),
@@ -404,6 +587,8 @@ class Queue:
                 "DELETE FROM notifications WHERE state = 'dead' AND finished_at < ?",
                 (now - dead_letter_retention,),
             )
+
+        self._recorded(forget)
 
     def states(self) -> dict[str, TargetState]:
         """Queue depth, oldest queued time and dead letters per target."""
@@ -446,3 +631,11 @@ class Queue:
                 "DELETE FROM notifications WHERE id = ? AND state = ?", (entry_id, state)
             )
             return cursor.rowcount > 0
+
+
+def _corrupt_message(path: str, problem: str) -> str:
+    return (
+        f"the queue file {path} is corrupt ({problem}): stop gpuload, move {path} aside "
+        f"(`sqlite3 {path} .recover` may save the notifications it held) and start again "
+        "with an empty queue"
+    )

@@ -50,6 +50,17 @@ def parse_text(value: Any) -> str:
     return str(value)
 
 
+def parse_queue_path(value: Any) -> str:
+    """A queue file: not SQLite's in-memory names, whose notifications a restart loses."""
+    text = parse_text(value)
+    if not text.strip() or text == ":memory:" or text.startswith("file::memory:"):
+        raise ValueError(
+            "an in-memory queue loses every notification it holds at a restart: give a file, "
+            "e.g. gpuload-relay.db"
+        )
+    return text
+
+
 # Secrets (`*_file`, `*_env`) are references here; `exporter.relay.config` reads them.
 SETTINGS = Settings(
     [
@@ -78,7 +89,11 @@ SETTINGS = Settings(
         Setting("web.auth.basic_auth.password_file", parse_text),
         Setting("web.auth.basic_auth.password_env", parse_text),
         Setting(
-            "queue.path", parse_text, "gpuload-relay.db", "--queue.path", "the SQLite queue file"
+            "queue.path",
+            parse_queue_path,
+            "gpuload-relay.db",
+            "--queue.path",
+            "the SQLite queue file",
         ),
         Setting("queue.max_age", parse_duration, 3600.0),
         Setting("queue.dedup_window", parse_duration, 3600.0),

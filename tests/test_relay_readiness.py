@@ -1,0 +1,197 @@
+"""The relay is ready only when it can keep a notification; a full disk strands nothing.
+
+On real small file systems (a tmpfs the test mounts; skipped where it cannot): full, read-only,
+and a damaged queue file.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+from helpers import ROOT, wait_until
+from relay_helpers import (
+    FakeTarget,
+    alert,
+    fast_delivery,
+    fill,
+    notification,
+    post,
+    running_relay,
+    small_disk,
+    write_config,
+)
+
+from exporter.relay.config import ConfigError, load
+from exporter.relay.queue import RESERVE_BYTES, Queue
+
+
+def _ready(relay_url: str) -> requests.Response:
+    return requests.get(relay_url + "readyz", timeout=10)
+
+
+def _document(receiver: FakeTarget, queue: Path) -> dict[str, object]:
+    return {
+        "targets": {"hook": {"type": "webhook", "url": receiver.url}},
+        "route": {"targets": ["hook"]},
+        "queue": {"path": str(queue)},
+        "delivery": fast_delivery(),
+    }
+
+
+def test_a_full_disk_refuses_new_notifications_and_delivers_the_accepted_ones(
+    tmp_path: Path,
+) -> None:
+    down = True
+    receiver = FakeTarget(lambda _request: (503, {}, b"down") if down else (200, {}, b"ok"))
+    try:
+        with (
+            small_disk(tmp_path / "disk", "4m") as disk,
+            running_relay(tmp_path, _document(receiver, disk / "relay.db")) as relay,
+        ):
+            assert (disk / "relay.db-reserve").stat().st_size == RESERVE_BYTES
+            accepted = [f"gpu{n}" for n in range(20)]
+            for gpu in accepted:
+                assert post(relay.url, notification(alert(gpu=gpu), group=gpu)).status_code == 200
+            filler = fill(disk)
+            # What still fits in the file's free pages is kept, and answered 200; then 503.
+            for n in range(500):
+                answer = post(relay.url, notification(alert(gpu=f"late{n}"), group=f"late{n}"))
+                if answer.status_code != 200:
+                    break
+                accepted.append(f"late{n}")
+            assert answer.status_code == 503, answer.text
+            not_ready = _ready(relay.url)
+            assert not_ready.status_code == 503
+            assert "full" in not_ready.text or "no room" in not_ready.text, not_ready.text
+            # The receiver comes back while the disk is still full: every accepted one leaves.
+            down = False
+            wait_until(
+                lambda: (
+                    {r.json()["alerts"][0]["labels"]["gpu"] for r in receiver.requests}
+                    >= set(accepted)
+                ),
+                what="the accepted notifications delivered on a full disk",
+                timeout=60,
+            )
+            wait_until(
+                lambda: (
+                    relay.queue.states().get("hook") is None
+                    or relay.queue.states()["hook"].queued == 0
+                ),
+                what="their deliveries recorded",
+                timeout=60,
+            )
+            assert _ready(relay.url).status_code == 503  # still no room for the reserve
+            # Room again: ready and accepting, without a restart.
+            filler.unlink()
+            wait_until(lambda: _ready(relay.url).status_code == 200, what="ready again")
+            assert (
+                post(relay.url, notification(alert(gpu="after"), group="after")).status_code == 200
+            )
+            wait_until(
+                lambda: any(
+                    r.json()["alerts"][0]["labels"]["gpu"] == "after" for r in receiver.requests
+                ),
+                what="the notification after the disk had room again",
+            )
+    finally:
+        receiver.close()
+
+
+def test_a_queue_on_a_read_only_file_system_stops_the_start(tmp_path: Path) -> None:
+    """The queue file is there and readable, and no notification could be written to it."""
+    folder, view = tmp_path / "queue", tmp_path / "read-only"
+    folder.mkdir()
+    view.mkdir()
+    Queue(str(folder / "relay.db")).close()
+    bound = subprocess.run(["mount", "--bind", str(folder), str(view)], capture_output=True)
+    if bound.returncode != 0:
+        pytest.skip("cannot bind-mount here (needs root): no read-only file system to test with")
+    receiver = FakeTarget()
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True)
+        config = write_config(tmp_path, _document(receiver, view / "relay.db"))
+        result = subprocess.run(
+            [sys.executable, "-m", "exporter", "relay", "--config", str(config)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 1
+        assert f"its folder {view} is on a read-only file system" in result.stderr
+        assert result.stderr.count("\n") == 1, result.stderr
+    finally:
+        receiver.close()
+        subprocess.run(["umount", "-l", str(view)], capture_output=True, check=False)
+
+
+def _damaged(tmp_path: Path) -> Path:
+    """A queue file with notifications whose last two pages are gone."""
+    path = tmp_path / "relay.db"
+    queue = Queue(str(path))
+    queue.enqueue([("hook", f"k{n}", "x" * 3000) for n in range(40)], 0.0, 3600.0)
+    queue.close()
+    assert not Path(f"{path}-wal").exists() or Path(f"{path}-wal").stat().st_size == 0
+    with open(path, "r+b") as file:
+        file.truncate(os.path.getsize(path) - 2 * 4096)
+    return path
+
+
+def test_a_damaged_queue_stops_the_start_with_what_to_do(tmp_path: Path) -> None:
+    path = _damaged(tmp_path)
+    receiver = FakeTarget()
+    try:
+        config = write_config(
+            tmp_path,
+            {
+                "targets": {"hook": {"type": "webhook", "url": receiver.url}},
+                "route": {"targets": ["hook"]},
+            },
+        )
+        result = subprocess.run(
+            [sys.executable, "-m", "exporter", "relay", "--config", str(config)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode == 1
+        assert f"the queue file {path} is corrupt" in result.stderr
+        assert f"move {path} aside" in result.stderr
+        assert result.stderr.count("\n") == 1, result.stderr
+    finally:
+        receiver.close()
+
+
+@pytest.mark.parametrize(
+    ("source", "layer"),
+    [
+        ("config file", {"file": {"queue": {"path": ""}}}),
+        ("config file", {"file": {"queue": {"path": ":memory:"}}}),
+        ("environment", {"environ": {"GPULOAD_RELAY_QUEUE_PATH": ""}}),
+        ("flag", {"flags": {"queue.path": ":memory:"}}),
+    ],
+)
+def test_a_queue_a_restart_would_lose_is_refused(
+    tmp_path: Path, source: str, layer: dict[str, dict[str, object]]
+) -> None:
+    file = None
+    if "file" in layer:
+        file = write_config(tmp_path, layer["file"])
+    with pytest.raises(ConfigError) as raised:
+        load(
+            file=file,
+            environ=layer.get("environ", {}),  # type: ignore[arg-type]
+            flags={"web.listen_address": "127.0.0.1:0", **layer.get("flags", {})},
+        )
+    message = str(raised.value)
+    assert message.startswith(f"{source} queue.path: ")
+    assert "an in-memory queue loses every notification it holds at a restart" in message
