@@ -35,7 +35,7 @@ import json, os, signal, sys, threading, time, urllib.request
 from exporter.cli import main
 
 HEAVY = (
-    "grpc", "google.protobuf", "jinja2", "requests", "exporter.relay.config", "sqlite3",
+    "grpc", "google.protobuf", "jinja2", "requests", "exporter.relay.config", "sqlite3", "re2",
     "prometheus_client", "http.server", "wsgiref",
 )
 port, args = sys.argv[1], sys.argv[2:]

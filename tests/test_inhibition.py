@@ -10,12 +10,8 @@ import re
 
 import pytest
 
-from exporter.alerting.inhibition import (
-    InhibitRule,
-    find_inhibitor,
-    parse_matcher,
-    parse_matchers,
-)
+from exporter.alerting.inhibition import InhibitRule, find_inhibitor
+from exporter.matchers import parse_matcher, parse_matchers
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,9 @@ import yaml
 from helpers import ROOT
 from relay_helpers import start_relay_process, write_config
 
+from exporter.matchers import parse_matcher
 from exporter.relay.config import ConfigError, load, startup_warnings
-from exporter.relay.routes import Route, parse_matcher, targets_for
+from exporter.relay.routes import Route, targets_for
 
 
 def write(tmp_path: Path, document: dict[str, Any]) -> Path:
@@ -110,7 +111,8 @@ def test_environment_beats_file_and_flags_beat_environment(tmp_path: Path) -> No
                 route={"routes": [{"matchers": ["severity=~(bad"], "targets": ["s"]}]},
             ),
             {},
-            r"route.routes\[0\].matchers\[0\]: 'severity=~\(bad' is not valid: bad regular",
+            r"route.routes\[0\].matchers\[0\]: 'severity=~\(bad' is not valid: "
+            r".*'\(bad' is not a regex RE2",
         ),
         (
             loopback(targets={"s": {"type": "slack", "url": "https://x"}}),
@@ -302,3 +304,37 @@ def test_the_laptop_example_runs_as_it_is(tmp_path: Path) -> None:
     config = load(file=ROOT / "examples" / "relay-local.yaml", environ={})
     assert list(config.targets) == ["local-hook"]
     assert config.web.listen_address == "127.0.0.1:19401"
+
+
+def test_route_regexes_are_re2_as_alertmanagers_are(tmp_path: Path) -> None:
+    """(a+)+$ cannot blow up; a backreference, which Go's regexp lacks too, is refused."""
+    matcher = parse_matcher('job=~"(a+)+$"')
+    assert matcher.matches({"job": "aaaa"})
+    # 30,000 characters: a backtracking engine would take longer than the universe's age; the
+    # subprocess's timeout only bounds a regression.
+    script = (
+        "from exporter.matchers import parse_matcher\n"
+        "m = parse_matcher('job=~\"(a+)+$\"')\n"
+        "print(m.matches({'job': 'a' * 30000 + '!'}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert result.stdout == "False\n"
+    with pytest.raises(ValueError, match="not a regex RE2"):
+        parse_matcher(r'job=~"(a)\1"')
+    config = tmp_path / "relay.yaml"
+    config.write_text(
+        "targets: {hook: {type: webhook, url: 'http://127.0.0.1:9/'}}\n"
+        "route: {targets: [hook], routes: [{matchers: ['job=~\"(a)\\\\1\"'], targets: [hook]}]}\n"
+    )
+    refused = subprocess.run(
+        [sys.executable, "-m", "exporter", "relay", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert refused.returncode == 2
+    assert "not a regex RE2 (and Alertmanager) accepts: invalid escape sequence" in refused.stderr
+    assert refused.stderr.count("\n") == 1, refused.stderr  # not also RE2's own log line

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, cast
 
-from exporter.alerting.inhibition import EXAMPLE, InhibitRule, Matcher, parse_matchers
+from exporter.alerting.inhibition import InhibitRule
+from exporter.matchers import EXAMPLE, Matcher, parse_matchers
 from exporter.settings import ConfigError, load_yaml, read_input
 
 # alert_rules/thresholds.yaml through the package's data folder (a link in the repository, the

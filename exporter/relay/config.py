@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exporter.relay.routes import Route, parse_matcher
+from exporter.matchers import parse_matcher
+from exporter.relay.routes import Route
 from exporter.relay.settings import SETTINGS, parse_text
 from exporter.relay.target_config import Secret, TargetConfig
 from exporter.settings import (

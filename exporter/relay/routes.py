@@ -1,6 +1,7 @@
 """Routing like Alertmanager's: a tree of label matchers choosing targets per alert.
 
-A route matches an alert when all its matchers do. Children are tried in order;
+A route matches an alert when all its matchers do (`exporter.matchers`, Alertmanager's
+syntax and RE2 regexes). Children are tried in order;
 the first that matches takes the alert unless it has ``continue: true``, in which
 case the next siblings are tried too. A route none of whose children matched
 delivers to its own targets. The root matches every alert; its targets are the
@@ -9,56 +10,10 @@ default. A child without targets inherits its parent's.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-# name op "value" | name op value, as in Alertmanager's `matchers`.
-_MATCHER = re.compile(
-    r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(?:"((?:[^"\\]|\\.)*)"|(.*?))\s*$'
-)
-_UNESCAPE = re.compile(r"\\(.)")
-
-
-@dataclass(frozen=True)
-class Matcher:
-    """One label matcher: ``name op value`` with op in =, !=, =~, !~."""
-
-    name: str
-    op: str
-    value: str
-    pattern: re.Pattern[str] | None = None
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        """Whether the labels satisfy the matcher; an absent label is the empty string."""
-        actual = labels.get(self.name, "")
-        if self.op == "=":
-            return actual == self.value
-        if self.op == "!=":
-            return actual != self.value
-        assert self.pattern is not None
-        found = self.pattern.fullmatch(actual) is not None
-        return found if self.op == "=~" else not found
-
-
-def parse_matcher(text: str) -> Matcher:
-    """A matcher from ``severity="critical"``, ``team=~"ml|ai"`` or ``env!=dev``.
-
-    Raises:
-        ValueError: saying what is expected.
-    """
-    match = _MATCHER.match(text)
-    if not match:
-        raise ValueError('expected name="value" with one of =, !=, =~, !~')
-    name, op, quoted, bare = match.groups()
-    value = _UNESCAPE.sub(r"\1", quoted) if quoted is not None else bare
-    pattern = None
-    if op in ("=~", "!~"):
-        try:
-            pattern = re.compile(value)
-        except re.error as error:
-            raise ValueError(f"bad regular expression: {error}") from None
-    return Matcher(name, op, value, pattern)
+from exporter.matchers import Matcher
 
 
 @dataclass(frozen=True)
