@@ -41,6 +41,7 @@ class SimulatedNode:
         self.clock = ScenarioClock(start)
         self.interval = interval
         self.library = sim.install(scenario, epoch=start, clock=self.clock, seed=seed)
+        self.clock.settle = self.library.settle_events
         self.collection = Collection(
             {name: spec.enabled_by_default for name, spec in REGISTRY.items()},
             timeout=SCENARIO_TIMEOUT_SECONDS,

@@ -135,7 +135,10 @@ def run(options: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
                 # (by default: so that they end now).
                 epoch = options.sim_epoch
                 clock = ScenarioClock(time.time() - duration if epoch is None else epoch)
-                sim.install(options.simulate, epoch=clock.now, clock=clock, seed=options.sim_seed)
+                library = sim.install(
+                    options.simulate, epoch=clock.now, clock=clock, seed=options.sim_seed
+                )
+                clock.settle = library.settle_events
                 source = f"the simulated NVML (scenario {options.simulate})"
             else:
                 source = "NVML"

@@ -43,6 +43,9 @@ class ScenarioClock:
 
     def __init__(self, start: float) -> None:
         self.now = start
+        # Called after each move: the simulator's `settle_events`, so that the cycle at the new
+        # time counts the events of that time however late a busy machine runs their thread.
+        self.settle: Callable[[], None] | None = None
 
     def __call__(self) -> float:
         """The time now."""
@@ -51,6 +54,8 @@ class ScenarioClock:
     def sleep(self, seconds: float) -> None:
         """Move the clock on instead of waiting."""
         self.now += max(0.0, seconds)
+        if self.settle is not None:
+            self.settle()
 
 
 @dataclass

@@ -85,6 +85,8 @@ Visible = Callable[[Event], bool]
 class _EventSet:
     masks: dict[int, int] = field(default_factory=dict)  # GPU index -> registered types
     delivered: set[Event] = field(default_factory=set)
+    # A wait returned an event and its caller has not waited again: it is still handling it.
+    handling: bool = False
 
 
 def scenario_events(faults: tuple[Fault, ...]) -> list[Event]:
@@ -148,6 +150,32 @@ class EventSets:
                 for event in self.events
             )
 
+    def settled(self, now: float, visible: Visible = lambda event: True) -> bool:
+        """Whether every set has delivered its events up to ``now`` and its waiter handled them.
+
+        A hand-moved clock waits for this before a collection (`SimulatedNvml.settle_events`),
+        so that the cycle at a time counts the events of that time on any machine, not those a
+        busy machine's event thread happened to take by then.
+        """
+        with self._lock:
+            for event_set in self._sets.values():
+                if event_set.handling:
+                    return False
+                for event in self.events:
+                    if event.at > now:
+                        break
+                    wanted = event_set.masks.get(event.gpu, 0) & event.kind
+                    if wanted and event not in event_set.delivered and visible(event):
+                        return False
+        return True
+
+    def waiting(self, handle: int) -> None:
+        """A thread waits on the set again: whatever it took before is handled."""
+        with self._lock:
+            event_set = self._sets.get(handle)
+            if event_set is not None:
+                event_set.handling = False
+
     def take(
         self, handle: int, now: float, visible: Visible = lambda event: True
     ) -> Event | bool | None:
@@ -165,6 +193,7 @@ class EventSets:
                 wanted = event_set.masks.get(event.gpu, 0) & event.kind
                 if wanted and event not in event_set.delivered and visible(event):
                     event_set.delivered.add(event)
+                    event_set.handling = True
                     return event
         return None
 
@@ -207,14 +236,28 @@ def instance_of(sim: SimulatedNvml, event: Event) -> MigDevice | None:
     return None
 
 
+def visible_to(sim: SimulatedNvml) -> Visible:
+    """Which events the scenario's caller receives (a MIG instance's only when privileged)."""
+    privileged = privileges.sees_instance_events(sim.scenario.caller)
+    return lambda event: privileged or instance_of(sim, event) is None
+
+
+def settle(sim: SimulatedNvml, timeout: float = 30.0) -> None:
+    """Wait until the waiting threads have taken and handled every event due by now.
+
+    Bounded: a set nobody waits on any more (its thread died) is given up after ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    visible = visible_to(sim)
+    while not sim.event_sets.settled(sim.elapsed(), visible) and time.monotonic() < deadline:
+        time.sleep(_POLL_SECONDS / 5)
+
+
 @system("nvmlEventSetWait_v2")
 def _wait(call: Call, handle: Any, ref: Any, timeout_ms: Any) -> int:
     sets, sim = call.sim.event_sets, call.sim
-    privileged = privileges.sees_instance_events(sim.scenario.caller)
-
-    def visible(event: Event) -> bool:
-        return privileged or instance_of(sim, event) is None
-
+    visible = visible_to(sim)
+    sets.waiting(address(handle))
     deadline = time.monotonic() + integer(timeout_ms) / 1000
     while True:
         event = sets.take(address(handle), sim.elapsed(), visible)

@@ -161,6 +161,14 @@ class SimulatedNvml:
             return self.pinned_time
         return self.clock() - self.epoch
 
+    def settle_events(self) -> None:
+        """Wait until the threads waiting on event sets have handled every event due by now.
+
+        For a hand-moved clock (the doctor's, a test's): the next cycle then counts the events
+        of its time, whatever this machine's speed.
+        """
+        events.settle(self)
+
     def unix_us(self, t: float) -> int:
         """Unix microseconds of elapsed scenario time ``t``."""
         return round((self.epoch + t) * 1e6)
