@@ -31,8 +31,19 @@ ENV_PREFIX = "GPULOAD_"
 _RESERVED_ENV_PREFIXES = ("GPULOAD_SIM_", "GPULOAD_RELAY_")
 
 
+def one_line(text: str) -> str:
+    """``text`` with its control characters escaped: an error is one line, whatever a key holds."""
+    return _CONTROL.sub(lambda match: repr(match.group())[1:-1], text)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+
+
 class ConfigError(ValueError):
-    """A setting is unknown or has a bad value; the message names its key path."""
+    """A setting is unknown or has a bad value; the message names its key path, in one line."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(one_line(message))
 
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")

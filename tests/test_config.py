@@ -193,3 +193,30 @@ def test_each_setting_of_each_program_comes_from_its_one_declaration(tmp_path: P
         7,
         "json",
     )
+
+
+def _documented(path: Path) -> str:
+    """The settings table of a document: the lines from its `| key (file) |` header on."""
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| key (file) |"))
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+    return "\n".join(lines[start:end])
+
+
+def test_the_documented_settings_are_the_declared_ones() -> None:
+    """README's and docs/relay.md's tables name each setting declared in code, and its flag."""
+    from helpers import ROOT
+
+    from exporter.relay.settings import SETTINGS as RELAY
+
+    for table, document in ((config.SETTINGS, "README.md"), (RELAY, "docs/relay.md")):
+        text = _documented(ROOT / document)
+        for key, setting in table.by_key.items():
+            # A row may group keys of one section: `simulate.epoch`, `.seed`, ...
+            assert f"`{key}`" in text or f"`.{key.rsplit('.', 1)[-1]}`" in text, (document, key)
+            if setting.flag is not None:
+                assert f"`{setting.flag}`" in text, (document, setting.flag)
+        keys = set(re.findall(r"^\| `([a-z_.]+)`", text, re.MULTILINE)) - {
+            "collectors.NAME.enabled"
+        }
+        assert keys <= set(table.by_key), (document, keys - set(table.by_key))

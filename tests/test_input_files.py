@@ -15,7 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import ROOT
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from exporter import config
 from exporter.alerting import thresholds
@@ -192,3 +195,88 @@ def test_every_path_gpuload_answers_itself_is_reserved() -> None:
     for path in config.RESERVED_PATHS:
         assert not status_of(path).startswith("404"), path
     assert status_of("/elsewhere").startswith("404")
+
+
+# A few hundred examples in the suite; `scripts/fuzz` runs the same properties for longer.
+FUZZ_EXAMPLES = int(os.environ.get("GPULOAD_FUZZ_EXAMPLES", "150"))
+_KEYS = st.sampled_from(
+    [
+        *config.SETTINGS.by_key,
+        *relay_config.SETTINGS.by_key,
+        "web",
+        "log",
+        "queue",
+        "delivery",
+        "targets",
+        "route",
+        "alerting",
+        "tls_server_config",
+        "basic_auth_users",
+        "http_server_config",
+        "cert_file",
+        "min_version",
+        "matchers",
+        "routes",
+        "type",
+        "url",
+    ]
+)
+_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=40)
+)
+_DOCUMENTS = st.recursive(
+    _SCALARS,
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(_KEYS | st.text(max_size=10), children, max_size=5)
+    ),
+    max_leaves=25,
+)
+
+
+def _readers() -> dict[str, Callable[[Path], object]]:
+    from exporter.server import webconfig
+
+    return {
+        "serve": lambda path: config.load(file=path, collectors=COLLECTORS),
+        "relay": lambda path: relay_config.load(
+            file=path, environ={}, flags={"web.listen_address": "127.0.0.1:0"}
+        ),
+        "web config": webconfig.load,
+        "thresholds": thresholds.load,
+    }
+
+
+def _only_clear_errors(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "input.yaml"
+    path.write_bytes(content)
+    for name, read in _readers().items():
+        try:
+            read(path)
+        except (ConfigError, thresholds.ThresholdsError) as error:
+            message = str(error)
+            assert "\n" not in message and len(message) < 2000, (name, message)
+
+
+@settings(
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(_DOCUMENTS)
+def test_any_document_is_read_or_refused_in_one_line(tmp_path: Path, document: object) -> None:
+    _only_clear_errors(tmp_path, yaml.safe_dump(document, allow_unicode=True).encode())
+
+
+@settings(
+    max_examples=FUZZ_EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(st.binary(max_size=400) | st.text(max_size=400).map(str.encode))
+def test_any_bytes_are_read_or_refused_in_one_line(tmp_path: Path, content: bytes) -> None:
+    _only_clear_errors(tmp_path, content)

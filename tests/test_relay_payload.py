@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -124,13 +125,17 @@ def _parse_or_refuse(body: bytes) -> None:
     parsed.to_json()
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# scripts/fuzz runs these longer (GPULOAD_FUZZ_EXAMPLES).
+FUZZ_EXAMPLES = int(os.environ.get("GPULOAD_FUZZ_EXAMPLES", "300"))
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=300))
 def test_any_bytes_parse_or_are_refused(body: bytes) -> None:
     _parse_or_refuse(body)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(json_values | mutated_payloads())
 def test_any_json_parses_or_is_refused(document: Any) -> None:
     _parse_or_refuse(json.dumps(document).encode())

@@ -17,7 +17,7 @@ from typing import Any, cast
 
 from exporter.alerting.inhibition import InhibitRule
 from exporter.matchers import EXAMPLE, Matcher, parse_matchers
-from exporter.settings import ConfigError, load_yaml, read_input
+from exporter.settings import ConfigError, load_yaml, one_line, read_input
 
 # alert_rules/thresholds.yaml through the package's data folder (a link in the repository, the
 # file itself in an installed wheel), so that an installed gpuload finds it too.
@@ -77,6 +77,9 @@ _INHIBIT_RULE_KEYS = ("source_matchers", "target_matchers", "equal")
 
 class ThresholdsError(ValueError):
     """The thresholds file is missing, unreadable or has a bad value; the message names the key."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(one_line(message))
 
 
 def duration_seconds(text: str) -> int:
