@@ -212,6 +212,35 @@ def test_mig_devices_of_an_xml_report_become_gpu_instances(tmp_path: Path, insta
     assert (process.pid, process.gpuInstanceId, process.usedGpuMemory) == (4242, 1, 990 * 2**20)
 
 
+# The same GPU as a user attaches it to a bug report: ids, UUID and serial blanked out.
+REDACTED_XML = (
+    MIG_XML.replace("GPU-5b1f6e0a-8c3d-4e2f-9a7b-1c2d3e4f5a6b", "[REDACTED]")
+    .replace("<product_name>", "<serial>xxxxxxxxxxxx</serial><product_name>")
+    .replace(
+        "<mig_mode>",
+        "<pci><pci_device_id>[REDACTED]</pci_device_id><pci_bus_id>00000000:00:09.0</pci_bus_id>"
+        "</pci><mig_mode>",
+    )
+)
+
+
+def test_redacted_values_are_unknown_with_a_note_and_the_rest_is_imported(tmp_path: Path) -> None:
+    recording = tmp_path / "redacted.xml"
+    recording.write_text(REDACTED_XML)
+    imported = importer.import_file(recording)
+    [gpu] = imported.document["gpus"]
+    assert "uuid" not in gpu and "serial" not in gpu and "pci_device_id" not in gpu
+    assert gpu["model"] == "h100-sxm"  # from the product name, the device id being unknown
+    assert [m["gpu_instance_id"] for m in gpu["mig"]] == [1, 2]
+    redacted = [note for note in imported.notes if "is redacted" in note]
+    assert len(redacted) == 3, imported.notes
+    assert any("pci_device_id is redacted ('[REDACTED]')" in note for note in redacted)
+    # A value that is neither redacted nor readable is still refused.
+    recording.write_text(REDACTED_XML.replace("[REDACTED]</pci_device_id>", "zz</pci_device_id>"))
+    with pytest.raises(RecordingError, match="expected a hexadecimal id"):
+        importer.import_file(recording)
+
+
 @NEEDS_REALITY
 def test_functions_missing_from_the_symbol_list_answer_function_not_found(
     tmp_path: Path, installed: None

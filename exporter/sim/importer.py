@@ -284,10 +284,14 @@ class _GpuImport:
 
     def __init__(self, gpu: RecordedGpu, index: int, notes: list[str]) -> None:
         self.gpu = gpu
-        self.fields = gpu.fields
+        # A value redacted before the file was shared is unknown: the model's, with a note.
+        self.fields = {key: found for key, found in gpu.fields.items() if not found.redacted}
+        for key, found in gpu.fields.items():
+            if found.redacted:
+                notes.append(f"{found.where}: {key} is redacted ({found.text.strip()!r}): unknown")
         self.index = index
         self.notes = notes
-        self.model_key, self.model_reason = choose_model(gpu.fields)
+        self.model_key, self.model_reason = choose_model(self.fields)
         self.model: GpuModel = gpu_models()[self.model_key]
         self.entry: dict[str, Any] = {"model": self.model_key}
         self.overrides: dict[str, Any] = {}

@@ -74,6 +74,14 @@ class Field:
             text = text[1:-1]
         return _MISSING.get(text.strip().lower())
 
+    @property
+    def redacted(self) -> bool:
+        """Whether the value was blanked out before the file was shared: [REDACTED], xxxx, ***."""
+        text = self.text.strip().strip("[]<>()").strip().lower()
+        if text in ("redacted", "removed", "hidden", "masked", "anonymized", "anonymised"):
+            return True
+        return len(text) >= 3 and set(text) <= {"x", "*", "#", "-"} and text.strip("x*#") != "-"
+
     def fail(self, name: str, expected: str) -> RecordingError:
         """The error for this field's text not being what ``expected`` says."""
         return RecordingError(f"{self.where}: {name} {self.text.strip()!r}: expected {expected}")
