@@ -38,6 +38,16 @@ KUBE_VERSIONS = sorted(
     set(validate_utils.all_versions()), key=lambda v: tuple(int(part) for part in v.split("."))
 )[-4:]
 
+# The relay runs only with a target: without one the chart deploys nothing for it.
+WITH_RELAY: dict[str, Any] = {
+    "relay": {
+        "targets": {
+            "ops": {"type": "webhook", "secrets": {"url": {"name": "relay-targets", "key": "ops"}}}
+        },
+        "route": {"targets": ["ops"]},
+    }
+}
+
 FULL_RELAY = {
     "relay": {
         "targets": {
@@ -196,19 +206,21 @@ def test_core_objects_validate_against_the_last_four_kubernetes_versions(
 
 
 def test_defaults_render_every_part(loaded: helm.Chart) -> None:
-    objects = render_objects(loaded, {})
-    assert kinds(objects) == {
-        "ServiceAccount",
-        "ConfigMap",
-        "DaemonSet",
-        "Service",
-        "ServiceMonitor",
-        "PrometheusRule",
-        "Deployment",
-        "Secret",
-        "PodDisruptionBudget",
-    }
+    exporter = {"ServiceAccount", "ConfigMap", "DaemonSet", "Service", "ServiceMonitor"}
+    exporter |= {"PrometheusRule"}
+    assert kinds(render_objects(loaded, {})) == exporter
+    objects = render_objects(loaded, WITH_RELAY)
+    assert kinds(objects) == exporter | {"Deployment", "Secret", "PodDisruptionBudget"}
     assert "NetworkPolicy" not in kinds(objects) and "PersistentVolumeClaim" not in kinds(objects)
+
+
+def test_the_relay_is_deployed_only_with_a_target_and_a_route(loaded: helm.Chart) -> None:
+    """Gpuload relay refuses to start without a target: the default install must not crash-loop."""
+    notes = render_chart(loaded, {})["gpuload/templates/NOTES.txt"]
+    assert "The relay is not deployed until relay.targets names a target" in notes
+    no_route = {"relay": {**WITH_RELAY["relay"], "route": {}}}
+    with pytest.raises(Exception, match=r"relay\.route: give the top route's targets"):
+        render_objects(loaded, no_route)
 
 
 def test_toggles_leave_their_objects_out(loaded: helm.Chart) -> None:
@@ -394,6 +406,46 @@ def test_relay_config_is_one_the_relay_accepts(loaded: helm.Chart, tmp_path: Pat
     assert claim["spec"]["storageClassName"] == "fast"
     policies = {o["metadata"]["name"] for o in objects if o["kind"] == "NetworkPolicy"}
     assert policies == {"gpuload", "gpuload-relay"}
+
+
+@pytest.mark.parametrize("values", [WITH_RELAY, FULL_RELAY], ids=["one-target", "full"])
+def test_the_relay_pod_starts_with_what_the_chart_renders(
+    loaded: helm.Chart, values: dict[str, Any], tmp_path: Path
+) -> None:
+    """The container's own arguments and rendered config, run by the real `gpuload relay`."""
+    import subprocess
+    import sys
+
+    from helpers import ROOT, follow
+
+    objects = render_objects(loaded, values)
+    (container,) = the(objects, "Deployment", "gpuload-relay")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    mount = "/etc/gpuload-relay/relay.yaml"
+    config = tmp_path / "relay.yaml"
+    config.write_text(the(objects, "ConfigMap", "gpuload-relay")["data"]["relay.yaml"])
+    arguments = [str(config) if word == mount else word for word in container["args"]]
+    assert arguments[0] == "relay" and str(config) in arguments
+    environment = {"PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1"}
+    for variable in container["env"]:
+        # Each Secret a target or the inbound token reads: any value will do to start.
+        environment[variable["name"]] = variable.get("value") or "https://hooks.example/x"
+    # Not the pod's volume or port, which this machine does not have to spare.
+    environment["GPULOAD_RELAY_QUEUE_PATH"] = str(tmp_path / "relay.db")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "exporter", *arguments, "--web.listen-address", "127.0.0.1:0"],
+        cwd=ROOT,
+        env=environment,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    relay = follow(process, what="the chart's relay", timeout=60)
+    try:
+        assert relay.get("/readyz").status_code == 200
+    finally:
+        assert relay.stop() == 0
 
 
 @pytest.mark.parametrize(

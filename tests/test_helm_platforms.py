@@ -39,6 +39,7 @@ from test_helm_chart import (
     NAMESPACE,
     OPERATOR_APIS,
     OPERATOR_KINDS,
+    WITH_RELAY,
     render_chart,
     render_objects,
     the,
@@ -276,7 +277,7 @@ def test_runtime_class_is_nvidia_by_default_and_left_out_on_eks_and_gke(chart: h
 
 
 def test_nvidia_variables_are_on_the_exporter_only(chart: helm.Chart) -> None:
-    objects = render_objects(chart, {})
+    objects = render_objects(chart, WITH_RELAY)
     env = {e["name"]: e.get("value") for e in exporter_container(objects)["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
@@ -291,8 +292,8 @@ def test_nvidia_variables_are_on_the_exporter_only(chart: helm.Chart) -> None:
 def test_install_without_the_operators_crds_leaves_its_objects_out_and_warns(
     chart: helm.Chart,
 ) -> None:
-    manifests = render_chart(chart, {}, api_versions=())
-    objects = render_objects(chart, {}, api_versions=())
+    manifests = render_chart(chart, WITH_RELAY, api_versions=())
+    objects = render_objects(chart, WITH_RELAY, api_versions=())
     assert not {o["kind"] for o in objects} & OPERATOR_KINDS
     assert {"DaemonSet", "Service", "Deployment"} <= {o["kind"] for o in objects}
     notes = manifests["gpuload/templates/NOTES.txt"]
@@ -332,7 +333,7 @@ def test_service_and_pod_monitor_together_fail(chart: helm.Chart) -> None:
 
 
 def test_pod_monitor_replaces_the_exporters_service_monitor(chart: helm.Chart) -> None:
-    objects = render_objects(chart, {"podMonitor": {"enabled": True}})
+    objects = render_objects(chart, {"podMonitor": {"enabled": True}, **WITH_RELAY})
     monitors = {(o["kind"], o["metadata"]["name"]) for o in objects if "Monitor" in o["kind"]}
     # The relay keeps its ServiceMonitor.
     assert monitors == {("PodMonitor", "gpuload"), ("ServiceMonitor", "gpuload-relay")}
@@ -470,10 +471,10 @@ def job_regexes(rule: dict[str, Any]) -> set[str]:
 @pytest.mark.parametrize(
     ("values", "job"),
     [
-        ({}, "gpuload"),
-        ({"nameOverride": "gpumon"}, "gpumon"),
-        ({"podMonitor": {"enabled": True}}, "gpuload"),
-        ({"serviceMonitor": {"jobName": "gpu.load+x"}}, "gpu.load+x"),
+        (WITH_RELAY, "gpuload"),
+        ({"nameOverride": "gpumon", **WITH_RELAY}, "gpumon"),
+        ({"podMonitor": {"enabled": True}, **WITH_RELAY}, "gpuload"),
+        ({"serviceMonitor": {"jobName": "gpu.load+x"}, **WITH_RELAY}, "gpu.load+x"),
     ],
     ids=["defaults", "nameoverride", "podmonitor", "regex-characters"],
 )
@@ -539,11 +540,11 @@ def test_gitops_renders_the_same_twice_with_an_existing_relay_secret(chart: helm
 def test_the_generated_relay_token_is_new_on_each_offline_render(chart: helm.Chart) -> None:
     """Why GitOps needs relay.auth.existingSecret: without a cluster, lookup finds nothing."""
     tokens = {
-        the(render_objects(chart, {}), "Secret", "gpuload-relay-auth")["data"]["token"]
+        the(render_objects(chart, WITH_RELAY), "Secret", "gpuload-relay-auth")["data"]["token"]
         for _ in range(2)
     }
     assert len(tokens) == 2
-    secret = the(render_objects(chart, {}), "Secret", "gpuload-relay-auth")
+    secret = the(render_objects(chart, WITH_RELAY), "Secret", "gpuload-relay-auth")
     assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 
 

@@ -77,6 +77,20 @@ app.kubernetes.io/component: {{ .component }}
 {{- regexReplaceAll "[^A-Z0-9_]" (printf "RELAY_TARGET_%s_%s" .target .key | upper) "_" }}
 {{- end }}
 
+{{/*
+"true" when the relay runs: enabled and with a target. Without one `gpuload relay` refuses to
+start (it would accept every notification and deliver none), so the chart deploys nothing for it
+and NOTES.txt says what to set. Targets without a route fail the render with the fix.
+*/}}
+{{- define "gpuload.relayRuns" -}}
+{{- if and .Values.relay.enabled .Values.relay.targets -}}
+{{- if not .Values.relay.route -}}
+{{- fail "relay.route: give the top route's targets (the default), e.g. {targets: [slack-ops]}, as in docs/relay.md; without a route gpuload relay refuses to start" -}}
+{{- end -}}
+true
+{{- end -}}
+{{- end }}
+
 {{- define "gpuload.relayAuthSecret" -}}
 {{- default (printf "%s-auth" (include "gpuload.relayName" .)) .Values.relay.auth.existingSecret }}
 {{- end }}
