@@ -34,8 +34,9 @@ from bench import fleet_history, fleet_panels, report
 from bench.fleet_panels import TimeRange
 from bench.fleet_report import FleetResult, PanelTiming, RangeTimings, section
 from bench.node import ROOT, free_port
-from exporter.alerting.thresholds import RULES_DIR, duration_seconds
+from exporter.alerting.thresholds import duration_seconds
 from exporter.sim.scenario import load_scenario
+from tools import RULES_DIR
 
 # Four kinds of node, so the dashboard's states all have GPUs: busy with NVLink traffic, training
 # with dips, starved by its data loader (underutilized), and idle.

@@ -26,8 +26,8 @@ from helpers import Clock, exposition_text, parse_metrics, simulated_node
 
 from exporter import sim
 from exporter.alerting import rules, thresholds
-from exporter.alerting.thresholds import RULES_DIR
 from exporter.snapshot import Snapshot
+from tools import RULES_DIR
 
 needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing")
 
