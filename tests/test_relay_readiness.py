@@ -195,3 +195,39 @@ def test_a_queue_a_restart_would_lose_is_refused(
     message = str(raised.value)
     assert message.startswith(f"{source} queue.path: ")
     assert "an in-memory queue loses every notification it holds at a restart" in message
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to become uid 10001")
+def test_a_queue_file_the_relay_cannot_write_is_never_ready(tmp_path: Path) -> None:
+    """A 0444 queue file, as the image's user sees it: readable, and no notification fits."""
+    folder = tmp_path / "queue"
+    folder.mkdir()
+    path = folder / "relay.db"
+    Queue(str(path)).close()
+    path.chmod(0o444)
+    folder.chmod(0o777)
+    tmp_path.chmod(0o755)
+    # Imports as root (the checkout need not be readable by uid 10001), then the user's turn.
+    script = (
+        "import os, sqlite3, sys\n"
+        "from exporter.relay.queue import Queue\n"
+        "os.setgroups([]); os.setgid(10001); os.setuid(10001)\n"
+        "try:\n"
+        "    queue = Queue(sys.argv[1])\n"
+        "except sqlite3.Error as error:\n"
+        "    print('refused at start:', error); sys.exit()\n"
+        "try:\n"
+        "    queue.check()\n"
+        "    print('ready')\n"
+        "except sqlite3.Error as error:\n"
+        "    print('not ready:', error)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert result.stdout.startswith(("refused at start:", "not ready:")), result.stdout

@@ -119,6 +119,8 @@ def _why(path: str, error: sqlite3.Error) -> str:
         return f"its folder {folder} is on a read-only file system: give a writable queue.path"
     if not os.access(folder, os.W_OK):
         return f"this user cannot write in its folder {folder}: give a writable queue.path"
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        return "this user cannot write the file: give it write permission, or another queue.path"
     return f"{error} (set queue.path)"
 
 
