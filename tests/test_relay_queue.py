@@ -28,7 +28,7 @@ from relay_helpers import (
     write_lock_held,
 )
 
-from exporter.relay.queue import DEAD, QUEUED, NoRoom, Queue
+from exporter.relay.queue import DEAD, QUEUED, Corrupt, NoRoom, Queue
 
 NOW = 1_767_322_800.0
 MAX_AGE = 3600.0
@@ -239,3 +239,29 @@ def test_a_notification_is_answered_only_once_its_group_commit_is_done(tmp_path:
             wait_until(lambda: len(receiver.requests) == 5, what="five deliveries")
     finally:
         receiver.close()
+
+
+def test_a_queue_damaged_while_open_refuses_every_notification_saying_so(tmp_path: Path) -> None:
+    path = tmp_path / "relay.db"
+    queue = Queue(str(path))
+    try:
+        queue.enqueue([("hook", f"k{n}", "x" * 3000) for n in range(60)], NOW, MAX_AGE)
+        with sqlite3.connect(path) as other:
+            other.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        # Every page but the first and the last overwritten, and no connection's cache left.
+        pages = path.stat().st_size // 4096
+        with open(path, "r+b") as file:
+            file.seek(4096)
+            file.write(b"\xff" * 4096 * (pages - 2))
+        queue.close()
+        with pytest.raises(sqlite3.DatabaseError, match="malformed"):
+            queue.enqueue([("hook", "new", "y")], NOW, MAX_AGE)
+        # From then on, at once and for readiness too: the file will not heal by itself.
+        for attempt in (
+            lambda: queue.enqueue([("hook", "later", "y")], NOW, MAX_AGE),
+            queue.check,
+        ):
+            with pytest.raises(Corrupt, match=f"the queue file {path} is corrupt"):
+                attempt()
+    finally:
+        queue.close()

@@ -319,8 +319,6 @@ class Queue:
         Besides its reserve, the disk must have room for notifications: a nearly full disk
         would take a small write (a readiness probe) and refuse the next notification.
         """
-        if self.corrupt is not None:
-            return self.corrupt
         folder = os.path.dirname(os.path.abspath(self.path))
         try:
             room = os.statvfs(folder)
@@ -406,9 +404,7 @@ class Queue:
         A real write: a read-only or full file system, or a file that cannot be written,
         fails it, as it would fail the next notification.
         """
-        reason = self.room()
-        if reason is not None:
-            raise NoRoom(reason)
+        self._refuse_if_unable()
         try:
             with self._transaction() as db:
                 db.execute(
@@ -428,9 +424,7 @@ class Queue:
         these rows could not be stored (sqlite3.DataError for a body that is not valid
         Unicode); then none of them is kept.
         """
-        reason = self.room()
-        if reason is not None:
-            raise NoRoom(reason)
+        self._refuse_if_unable()
         complete = [
             (row[0], row[1], row[3] if len(row) == 4 else group_key(row[2]) or row[1], row[2])
             for row in rows
@@ -473,6 +467,14 @@ class Queue:
                 self._committing = False
                 batch.turn.notify_all()
                 self._batch.turn.notify()
+
+    def _refuse_if_unable(self) -> None:
+        """Raise Corrupt or NoRoom when a notification cannot be kept now."""
+        if self.corrupt is not None:
+            raise Corrupt(self.corrupt)
+        reason = self.room()
+        if reason is not None:
+            raise NoRoom(reason)
 
     def _note(self, error: sqlite3.Error) -> None:
         """Remember a damaged file: every later notification would fail the same way."""
