@@ -14,17 +14,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exporter.settings import (
+    LOG_SETTINGS,
     ConfigError,
+    LogConfig,
     Setting,
     Settings,
     integer,
+    listen_address,
     number,
     optional,
     parse_bool,
     parse_choice,
     parse_duration,
     parse_duration_or_zero,
-    parse_listen_address,
     parse_positive_integer,
     parse_url_path,
     read_settings_file,
@@ -46,14 +48,6 @@ class WebConfig:
     # The exporter-toolkit web config file (TLS, basic auth) and what it said at start.
     config_file: str | None
     security: WebSecurity | None = field(default=None, repr=False)
-
-
-@dataclass(frozen=True)
-class LogConfig:
-    """Log level and line format."""
-
-    level: str
-    format: str
 
 
 @dataclass(frozen=True)
@@ -128,13 +122,7 @@ _SECTIONS = {"web": WebConfig, "log": LogConfig, "simulate": SimulationConfig}
 # collectors' `collectors.NAME.*` keys come from the collector registry and are added by `load`.
 SETTINGS = Settings(
     [
-        Setting(
-            "web.listen_address",
-            parse_listen_address,
-            f":{DEFAULT_PORT}",
-            "--web.listen-address",
-            "address to listen on, host:port or :port",
-        ),
+        listen_address(DEFAULT_PORT),
         Setting(
             "web.telemetry_path",
             _telemetry_path,
@@ -182,14 +170,7 @@ SETTINGS = Settings(
             "which series each GPU exports: minimal (at most 25 per GPU), default (at most 80) "
             "or full (everything, e.g. for a node being debugged); docs/fleet.md",
         ),
-        Setting(
-            "log.level",
-            parse_choice("debug", "info", "warning", "error"),
-            "info",
-            "--log.level",
-            "debug, info, warning or error",
-        ),
-        Setting("log.format", parse_choice("text", "json"), "text", "--log.format", "text or json"),
+        *LOG_SETTINGS,
         Setting(
             "simulate.scenario",
             optional(str),

@@ -422,6 +422,38 @@ def _default_text(value: Any) -> str:
     return str(value)
 
 
+def listen_address(port: int) -> Setting:
+    """``web.listen_address`` of a program that listens on ``port`` by default."""
+    return Setting(
+        "web.listen_address",
+        parse_listen_address,
+        f":{port}",
+        "--web.listen-address",
+        "address to listen on, host:port or :port",
+    )
+
+
+# Every program logs alike: these two settings, into a `LogConfig`.
+LOG_SETTINGS = (
+    Setting(
+        "log.level",
+        parse_choice("debug", "info", "warning", "error"),
+        "info",
+        "--log.level",
+        "debug, info, warning or error",
+    ),
+    Setting("log.format", parse_choice("text", "json"), "text", "--log.format", "text or json"),
+)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """Log level and line format (:data:`LOG_SETTINGS`)."""
+
+    level: str
+    format: str
+
+
 Built = TypeVar("Built")
 
 

@@ -20,6 +20,7 @@ from exporter.relay.settings import SETTINGS, parse_text
 from exporter.relay.target_config import Secret, TargetConfig
 from exporter.settings import (
     ConfigError,
+    LogConfig,
     flatten,
     parse_bool,
     parse_duration,
@@ -86,14 +87,6 @@ class MessageConfig:
     grafana_url: str | None
     grafana_dashboard: str
     timezone: str
-
-
-@dataclass(frozen=True)
-class LogConfig:
-    """Log level and line format."""
-
-    level: str
-    format: str
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,13 @@ import zoneinfo
 from typing import Any
 
 from exporter.settings import (
+    LOG_SETTINGS,
     Setting,
     Settings,
     at_most,
+    listen_address,
     parse_bool,
-    parse_choice,
     parse_duration,
-    parse_listen_address,
     parse_positive_integer,
     parse_url_path,
 )
@@ -64,13 +64,7 @@ def parse_queue_path(value: Any) -> str:
 # Secrets (`*_file`, `*_env`) are references here; `exporter.relay.config` reads them.
 SETTINGS = Settings(
     [
-        Setting(
-            "web.listen_address",
-            parse_listen_address,
-            f":{DEFAULT_PORT}",
-            "--web.listen-address",
-            "address to listen on, host:port or :port",
-        ),
+        listen_address(DEFAULT_PORT),
         Setting("web.path", parse_url_path, "/alerts", "--web.path", "path Alertmanager posts to"),
         # Alertmanager's payloads are KiB; the bound keeps a typo from letting a client fill memory.
         Setting("web.max_body_bytes", at_most(64 << 20), 1 << 20),
@@ -106,14 +100,7 @@ SETTINGS = Settings(
         Setting("message.grafana_url", _url),
         Setting("message.grafana_dashboard", parse_text, "gpuload-node"),
         Setting("message.timezone", _timezone, "UTC"),
-        Setting(
-            "log.level",
-            parse_choice("debug", "info", "warning", "error"),
-            "info",
-            "--log.level",
-            "debug, info, warning or error",
-        ),
-        Setting("log.format", parse_choice("text", "json"), "text", "--log.format", "text or json"),
+        *LOG_SETTINGS,
     ],
     program="gpuload relay",
     prefix="GPULOAD_RELAY_",
