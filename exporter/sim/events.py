@@ -20,9 +20,10 @@ MIG is enabled and nvmlEventTypeXidCriticalError event is attributable to a GPU 
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -139,15 +140,26 @@ class EventSets:
             event_set.masks[gpu] = event_set.masks.get(gpu, 0) | kinds
         return True
 
+    def _pending(
+        self, event_set: _EventSet, visible: Visible, until: float = math.inf
+    ) -> Iterator[Event]:
+        """The set's registered, undelivered ``visible`` events at or before ``until``, in order.
+
+        Called with the lock held.
+        """
+        for event in self.events:
+            if event.at > until:
+                return
+            wanted = event_set.masks.get(event.gpu, 0) & event.kind
+            if wanted and event not in event_set.delivered and visible(event):
+                yield event
+
     def awaiting(self, handle: int, visible: Visible = lambda event: True) -> bool:
         """Whether the set has any ``visible`` event still to deliver, now or later."""
         with self._lock:
             event_set = self._sets.get(handle)
-            return event_set is not None and any(
-                event_set.masks.get(event.gpu, 0) & event.kind
-                and event not in event_set.delivered
-                and visible(event)
-                for event in self.events
+            return (
+                event_set is not None and next(self._pending(event_set, visible), None) is not None
             )
 
     def settled(self, now: float, visible: Visible = lambda event: True) -> bool:
@@ -158,16 +170,10 @@ class EventSets:
         busy machine's event thread happened to take by then.
         """
         with self._lock:
-            for event_set in self._sets.values():
-                if event_set.handling:
-                    return False
-                for event in self.events:
-                    if event.at > now:
-                        break
-                    wanted = event_set.masks.get(event.gpu, 0) & event.kind
-                    if wanted and event not in event_set.delivered and visible(event):
-                        return False
-        return True
+            return not any(
+                event_set.handling or next(self._pending(event_set, visible, now), None)
+                for event_set in self._sets.values()
+            )
 
     def waiting(self, handle: int) -> None:
         """A thread waits on the set again: whatever it took before is handled."""
@@ -187,15 +193,11 @@ class EventSets:
             event_set = self._sets.get(handle)
             if event_set is None:
                 return False
-            for event in self.events:
-                if event.at > now:
-                    break
-                wanted = event_set.masks.get(event.gpu, 0) & event.kind
-                if wanted and event not in event_set.delivered and visible(event):
-                    event_set.delivered.add(event)
-                    event_set.handling = True
-                    return event
-        return None
+            event = next(self._pending(event_set, visible, now), None)
+            if event is not None:
+                event_set.delivered.add(event)
+                event_set.handling = True
+            return event
 
 
 def _supported(call: Call) -> int:
