@@ -240,6 +240,7 @@ class Queue:
         # Write transactions this object committed: shows how many enqueues share a commit.
         self.commits = 0
         self._reserve = f"{path}-reserve"
+        self._folder = os.path.dirname(os.path.abspath(path))
         # Why the file is damaged, once a write found it so: it does not heal by itself.
         self.corrupt: str | None = None
         try:
@@ -253,7 +254,7 @@ class Queue:
         if problems != ["ok"]:
             self.close()
             raise Corrupt(_corrupt_message(path, problems[0]))
-        self._keep_reserve()
+        self._keep_reserve(self._free_bytes())
 
     def _create(self) -> None:
         with self._transaction() as db:
@@ -275,7 +276,15 @@ class Queue:
         db.execute(f"PRAGMA journal_size_limit={_WAL_BYTES}")
         return db
 
-    def _keep_reserve(self) -> bool:
+    def _free_bytes(self) -> int:
+        """Space free to this user on the queue's file system (0 when it cannot be read)."""
+        try:
+            room = os.statvfs(self._folder)
+        except OSError:
+            return 0
+        return room.f_bavail * room.f_frsize
+
+    def _keep_reserve(self, free: int) -> bool:
         """Whether the reserve is there, writing it if it is not and there is room for it."""
         try:
             if os.stat(self._reserve).st_size == RESERVE_BYTES:
@@ -286,12 +295,7 @@ class Queue:
             return False
         # Taken again only with as much room again beside it: a reserve given back to a
         # delivery is not taken back from the next one.
-        folder = os.path.dirname(os.path.abspath(self.path))
-        try:
-            room = os.statvfs(folder)
-        except OSError:
-            return False
-        if room.f_bavail * room.f_frsize < 2 * RESERVE_BYTES:
+        if free < 2 * RESERVE_BYTES:
             return False
         try:
             with open(self._reserve, "wb") as reserve:
@@ -305,10 +309,9 @@ class Queue:
         return True
 
     def _give_back_reserve(self) -> bool:
+        """Delete the reserve file; False when there was none to give back."""
         try:
             os.unlink(self._reserve)
-        except FileNotFoundError:
-            return False
         except OSError:
             return False
         return True
@@ -319,17 +322,12 @@ class Queue:
         Besides its reserve, the disk must have room for notifications: a nearly full disk
         would take a small write (a readiness probe) and refuse the next notification.
         """
-        folder = os.path.dirname(os.path.abspath(self.path))
-        try:
-            room = os.statvfs(folder)
-            free = room.f_bavail * room.f_frsize
-        except OSError:
-            free = 0
-        if not self._keep_reserve() or free < _ROOM_BYTES:
+        free = self._free_bytes()
+        if not self._keep_reserve(free) or free < _ROOM_BYTES:
             return (
-                f"the disk of {folder} is full ({free // 1024} KiB free): new notifications are "
-                f"refused until there is room, and the queue's {RESERVE_BYTES // 1024} KiB "
-                "reserve keeps the deliveries of those accepted going"
+                f"the disk of {self._folder} is full ({free // 1024} KiB free): new "
+                f"notifications are refused until there is room, and the queue's "
+                f"{RESERVE_BYTES // 1024} KiB reserve keeps the deliveries of those accepted going"
             )
         return None
 
