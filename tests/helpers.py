@@ -77,6 +77,21 @@ def series(samples: dict, name: str) -> dict[tuple[tuple[str, str], ...], float]
     return {labels: value for (sample, labels), value in samples.items() if sample == name}
 
 
+def gpuload(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run a gpuload command to its end: its exit status, stdout and stderr.
+
+    The timeout only bounds a regression (a read that blocks, a start that hangs).
+    """
+    return subprocess.run(
+        [sys.executable, "-m", "exporter", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def follow(process: subprocess.Popen[str], *, what: str, timeout: float) -> Daemon:
     """A started gpuload process as a Daemon: its stderr gathered, its URL once it listens."""
     daemon = Daemon(process)

@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
-from helpers import ROOT
+from helpers import gpuload
 
 from exporter.collectors import REGISTRY
-
-
-def gpuload(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "exporter", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def test_sim_exec_runs_a_pynvml_program_against_the_scenario() -> None:

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from helpers import ROOT, Daemon, free_port, series, value_of, wait_until
+from helpers import ROOT, Daemon, free_port, gpuload, series, value_of, wait_until
 
 
 def test_without_nvml_the_daemon_stays_up_and_says_why(daemon_factory) -> None:
@@ -83,14 +83,7 @@ def test_json_logs_are_one_object_per_line(daemon_factory) -> None:
 
 
 def test_bad_flag_value_exits_2_naming_the_flag() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "exporter", "serve", "--collect.interval", "soon"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    result = gpuload("serve", "--collect.interval", "soon", timeout=30)
     assert result.returncode == 2
     assert "flag --collect.interval: 'soon' is not valid" in result.stderr
 

@@ -9,14 +9,12 @@ duplicate keys, bounded depth and integers).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers import ROOT
+from helpers import gpuload
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,18 +24,6 @@ from exporter.relay import config as relay_config
 from exporter.settings import MAX_INPUT_BYTES, ConfigError
 
 COLLECTORS = {"utilization": True}
-
-
-def gpuload(*args: str) -> subprocess.CompletedProcess[str]:
-    # The timeout only bounds a regression (a read that blocks); nothing here waits on it.
-    return subprocess.run(
-        [sys.executable, "-m", "exporter", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 def _fifo(tmp_path: Path) -> Path:
@@ -72,7 +58,7 @@ def test_a_fifo_a_device_or_a_folder_is_refused_at_once(
 ) -> None:
     make, expected = SPECIAL_FILES[kind]
     path = make(tmp_path)
-    result = gpuload(*(str(path) if word == "{file}" else word for word in command))
+    result = gpuload(*(str(path) if word == "{file}" else word for word in command), timeout=120)
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
@@ -82,7 +68,7 @@ def test_a_token_file_that_is_a_fifo_or_a_device_is_refused(tmp_path: Path) -> N
     for token in (_fifo(tmp_path), Path("/dev/zero")):
         file = tmp_path / "relay.yaml"
         file.write_text(f"web:\n  auth:\n    bearer_token_file: {token}\n")
-        result = gpuload("relay", "--config", str(file))
+        result = gpuload("relay", "--config", str(file), timeout=120)
         assert result.returncode == 2
         assert "not a regular file" in result.stderr
         assert "web.auth.bearer_token_file" in result.stderr
@@ -97,23 +83,25 @@ def test_thresholds_from_a_device_or_too_large_are_refused(tmp_path: Path) -> No
         thresholds.load(large)
 
 
-def _load_serve(tmp_path: Path, text: str | bytes) -> config.Config:
-    file = tmp_path / "gpuload.yaml"
+def _written(path: Path, text: str | bytes) -> Path:
     if isinstance(text, bytes):
-        file.write_bytes(text)
+        path.write_bytes(text)
     else:
-        file.write_text(text)
-    return config.load(file=file, collectors=COLLECTORS)
+        path.write_text(text)
+    return path
+
+
+def _load_serve(tmp_path: Path, text: str | bytes) -> config.Config:
+    return config.load(file=_written(tmp_path / "gpuload.yaml", text), collectors=COLLECTORS)
 
 
 def _load_relay(tmp_path: Path, text: str | bytes) -> relay_config.RelayConfig:
     """On loopback, where the relay needs no credentials."""
-    file = tmp_path / "relay.yaml"
-    if isinstance(text, bytes):
-        file.write_bytes(text)
-    else:
-        file.write_text(text)
-    return relay_config.load(file=file, environ={}, flags={"web.listen_address": "127.0.0.1:0"})
+    return relay_config.load(
+        file=_written(tmp_path / "relay.yaml", text),
+        environ={},
+        flags={"web.listen_address": "127.0.0.1:0"},
+    )
 
 
 @pytest.mark.parametrize("load", [_load_serve, _load_relay], ids=["serve", "relay"])

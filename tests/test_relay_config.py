@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import ROOT
+from helpers import ROOT, gpuload
 from relay_helpers import start_relay_process, write_config
 
 from exporter.matchers import parse_matcher
@@ -259,14 +259,7 @@ def test_every_missing_secret_is_named_in_one_run(tmp_path: Path) -> None:
 
 def relay_process(config: Path) -> subprocess.CompletedProcess[str]:
     """`gpuload relay --config CONFIG` run to its end (it exits at once on these configs)."""
-    return subprocess.run(
-        [sys.executable, "-m", "exporter", "relay", "--config", str(config)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return gpuload("relay", "--config", str(config))
 
 
 def test_a_relay_without_targets_refuses_to_start(tmp_path: Path) -> None:
@@ -328,13 +321,7 @@ def test_route_regexes_are_re2_as_alertmanagers_are(tmp_path: Path) -> None:
         "targets: {hook: {type: webhook, url: 'http://127.0.0.1:9/'}}\n"
         "route: {targets: [hook], routes: [{matchers: ['job=~\"(a)\\\\1\"'], targets: [hook]}]}\n"
     )
-    refused = subprocess.run(
-        [sys.executable, "-m", "exporter", "relay", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    refused = relay_process(config)
     assert refused.returncode == 2
     assert "not a regex RE2 (and Alertmanager) accepts: invalid escape sequence" in refused.stderr
     assert refused.stderr.count("\n") == 1, refused.stderr  # not also RE2's own log line

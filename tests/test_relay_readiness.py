@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from helpers import ROOT, wait_until
+from helpers import ROOT, gpuload, wait_until
 from relay_helpers import (
     FakeTarget,
     alert,
@@ -116,14 +116,7 @@ def test_a_queue_on_a_read_only_file_system_stops_the_start(tmp_path: Path) -> N
     try:
         subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True)
         config = write_config(tmp_path, _document(receiver, view / "relay.db"))
-        result = subprocess.run(
-            [sys.executable, "-m", "exporter", "relay", "--config", str(config)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        result = gpuload("relay", "--config", str(config))
         assert result.returncode == 1
         assert f"its folder {view} is on a read-only file system" in result.stderr
         assert result.stderr.count("\n") == 1, result.stderr
@@ -155,14 +148,7 @@ def test_a_damaged_queue_stops_the_start_with_what_to_do(tmp_path: Path) -> None
                 "route": {"targets": ["hook"]},
             },
         )
-        result = subprocess.run(
-            [sys.executable, "-m", "exporter", "relay", "--config", str(config)],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        result = gpuload("relay", "--config", str(config))
         assert result.returncode == 1
         assert f"the queue file {path} is corrupt" in result.stderr
         assert f"move {path} aside" in result.stderr
