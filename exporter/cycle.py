@@ -137,7 +137,7 @@ class Cycle:
             )
         wait(pending, timeout=max(0.0, deadline - time.monotonic()))
         runs = list(node_runs)
-        lost_driver = False
+        lost_driver: str | None = None
         for future, gpu in pending.items():
             if not future.done():
                 self._problems.report(
@@ -153,9 +153,9 @@ class Cycle:
             gpu_runs = future.result()
             gpu.refused |= {(run.name, read) for run in gpu_runs for read in run.refused}
             runs.extend(gpu_runs)
-            lost_driver |= self._session.check_lifecycle(gpu, gpu_runs)
+            lost_driver = self._session.check_lifecycle(gpu, gpu_runs) or lost_driver
         if lost_driver:
-            self._session.reinit()
+            self._session.reinit(lost_driver)
         return runs
 
     def _start(

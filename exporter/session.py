@@ -157,10 +157,15 @@ class Session:
             log.debug("NVML shutdown: %s", error)
         self.up = False
 
-    def reinit(self) -> None:
-        """Drop every handle and initialise again on the next cycle (unless a call is stuck)."""
+    def reinit(self, error: str) -> None:
+        """Drop every handle and initialise again on the next cycle (unless a call is stuck).
+
+        `error` is what the GPUs answered (driver_not_loaded, uninitialized): counted once here,
+        so that a driver gone for less than a retry still leaves its trace in the counter.
+        """
         if any(gpu.in_flight is not None for gpu in self.gpus.values()):
             return
+        self._errors[("nvml", error)] += 1
         log.warning("NVML needs to be initialised again (driver reloaded or lost)")
         for gpu in self.gpus.values():
             close_all(gpu.collectors)
@@ -209,14 +214,19 @@ class Session:
                     label,
                 )
 
-    def check_lifecycle(self, gpu: Gpu, runs: list[CollectorRun]) -> bool:
-        """Mark the GPU lost on a lifecycle error; True when the driver itself went away."""
+    def check_lifecycle(self, gpu: Gpu, runs: list[CollectorRun]) -> str | None:
+        """Mark the GPU lost on a lifecycle error; the error's name when the driver went away.
+
+        A lost GPU is counted once here, and once per failed retry: a loss shorter than the
+        first retry still shows in gpuload_nvml_errors_total.
+        """
         lifecycle = [e for run in runs for e in run.errors if e.lifecycle]
         if not lifecycle:
-            return False
+            return None
         error = lifecycle[0]
         if error.name in _REINIT_CODES:
-            return True
+            return error.name
+        self._errors[("nvml", error.name)] += 1
         gpu.device = None
         close_all(gpu.collectors)
         gpu.collectors = {}
@@ -228,7 +238,7 @@ class Session:
             gpu.identity.uuid if gpu.identity else "?",
             error,
         )
-        return False
+        return None
 
     def _profiling(self, device: Device) -> str:
         """Which profiling path `gpu_info` reports: GPM where enabled and supported."""
