@@ -23,6 +23,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
+        "image: builds the container image with podman and runs it; only `scripts/test --image`"
+        " runs these (they need root, podman, buildah and debootstrap)",
+    )
+    config.addinivalue_line(
+        "markers",
         "engines: a minute or more of real engines under load (Prometheus with Alertmanager, a"
         " fleet, an image's install, a soak, slow clients against three servers); scripts/test"
         " runs these as a step of their own after the main suite",

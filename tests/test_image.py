@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -32,8 +33,10 @@ WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 RELEASE = ROOT / ".github" / "workflows" / "release.yml"
 CHART = ROOT / "helm" / "gpuload"
 _HASH = re.compile(r"--hash=sha256:[0-9a-f]{64}")
-# python:3.12-slim's glibc (Debian 13): the newest manylinux tag pip accepts inside the image.
-_GLIBC_MINOR = 41
+# The Pythons and the glibc the lock is made for, as scripts/lock-image declares them.
+_LOCKING = runpy.run_path(str(ROOT / "scripts" / "lock-image"), run_name="lock_image")
+PYTHON_VERSIONS: tuple[str, ...] = _LOCKING["PYTHON_VERSIONS"]
+_GLIBC_MINOR: int = _LOCKING["GLIBC_MINOR"]
 
 
 def tool(name: str) -> str | None:
@@ -106,7 +109,9 @@ def test_both_stages_start_from_one_digest_pinned_python_image() -> None:
     images = base_images()
     assert len(images) == 2, images
     assert len(set(images)) == 1, f"the two stages start from different images: {images}"
-    assert re.fullmatch(r"python:3\.12-slim@sha256:[0-9a-f]{64}", images[0]), images
+    # The Python the lock is made for first.
+    python = re.escape(PYTHON_VERSIONS[0])
+    assert re.fullmatch(rf"python:{python}-slim@sha256:[0-9a-f]{{64}}", images[0]), images
 
 
 def test_the_image_requests_no_gpu() -> None:
@@ -143,14 +148,14 @@ def test_every_locked_requirement_is_pinned_with_hashes() -> None:
 
 
 def _marker_applies(marker: Marker | None) -> bool:
-    """Whether a dependency's marker holds for the image: CPython 3.12 on Linux, no extras."""
+    """Whether a dependency's marker holds for the image: a locked CPython on Linux, no extras."""
     if marker is None:
         return True
     return any(
         marker.evaluate(
             {
-                "python_version": "3.12",
-                "python_full_version": "3.12.0",
+                "python_version": python,
+                "python_full_version": f"{python}.0",
                 "implementation_name": "cpython",
                 "platform_python_implementation": "CPython",
                 "sys_platform": "linux",
@@ -161,6 +166,7 @@ def _marker_applies(marker: Marker | None) -> bool:
             }
         )
         for machine in ("x86_64", "aarch64")
+        for python in PYTHON_VERSIONS
     )
 
 
@@ -197,15 +203,18 @@ def test_the_lock_is_the_runtime_closure_of_the_package() -> None:
         )
 
 
+@pytest.mark.parametrize("python", PYTHON_VERSIONS)
 @pytest.mark.parametrize("architecture", ["x86_64", "aarch64"])
-def test_the_lock_installs_on_both_architectures(architecture: str, tmp_path: Path) -> None:
-    """pip, as inside python:3.12-slim on each architecture, finds a hashed wheel for each pin."""
+def test_the_lock_installs_on_both_architectures(
+    python: str, architecture: str, tmp_path: Path
+) -> None:
+    """pip, as inside the image on each architecture and Python, finds a hashed wheel per pin."""
     platforms = [f"manylinux_2_{m}_{architecture}" for m in range(_GLIBC_MINOR, 16, -1)]
     platforms.append(f"manylinux2014_{architecture}")
     command = [
         sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
         "--require-hashes", "--no-deps", "--only-binary=:all:",
-        "--python-version", "3.12", "--implementation", "cp",
+        "--python-version", python, "--implementation", "cp",
         *(f"--platform={platform}" for platform in platforms),
         "--dest", str(tmp_path), "-r", str(LOCK),
     ]  # fmt: skip
