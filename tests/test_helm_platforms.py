@@ -818,10 +818,12 @@ def make_pod(kubelet: Path, volumes_root: Path, pod_python: str) -> Callable[...
     """A rendered pod on this machine, its pod-resources hostPath the fake kubelet's."""
 
     def make(
-        objects: list[dict[str, Any]], secrets: dict[str, dict[str, bytes]] | None = None
+        objects: list[dict[str, Any]],
+        secrets: dict[str, dict[str, bytes]] | None = None,
+        host_paths: dict[str, Path] | None = None,
     ) -> PodOnThisMachine:
-        host_paths = {"/var/lib/kubelet/pod-resources": kubelet}
-        return PodOnThisMachine(objects, secrets or {}, host_paths, volumes_root, pod_python)
+        paths = {"/var/lib/kubelet/pod-resources": kubelet, **(host_paths or {})}
+        return PodOnThisMachine(objects, secrets or {}, paths, volumes_root, pod_python)
 
     return make
 
@@ -994,3 +996,58 @@ def test_rendered_local_alerts_start_on_the_read_only_root(
     wait_until(
         lambda: (pod.folders["alert-queue"] / "alerts.db").exists(), timeout=30, what="the queue"
     )
+
+
+@needs_pods
+@pytest.mark.parametrize("name", ["defaults", *sorted(set(DOCUMENTED) - {"tls-basic-auth"})])
+def test_every_documented_install_starts_each_container_as_rendered(
+    name: str,
+    chart: helm.Chart,
+    make_pod: Callable[..., PodOnThisMachine],
+    exporters: list[Daemon],
+    tmp_path: Path,
+) -> None:
+    """The exporter's and the relay's rendered arguments and config, run by the real gpuload.
+
+    tls-basic-auth needs its Secrets made: the test of rendered TLS and basic auth runs it. The
+    exporter runs as its security context says (root, read-only, no capability); the relay as
+    its config and arguments say, its Secrets any value.
+    """
+    from relay_helpers import start_relay_process
+
+    objects = render_objects(chart, DOCUMENTED.get(name, {}))
+    # Host paths beyond the kubelet's (GKE's driver folder) are empty folders here.
+    extra = {
+        volume["hostPath"]["path"]: tmp_path / volume["name"]
+        for volume in pod_of(objects)["volumes"]
+        if "hostPath" in volume and volume["name"] != "pod-resources"
+    }
+    for folder in extra.values():
+        folder.mkdir()
+    daemon = start_exporter(make_pod(objects, host_paths=extra), SIMULATED)
+    exporters.append(daemon)
+    wait_until(lambda: series(daemon.metrics(), "gpu_up"), timeout=60, what="the exporter's GPUs")
+    relays = [
+        o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("relay")
+    ]
+    for deployment in relays:
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        assert container["args"][:2] == ["relay", "--config"], container["args"]
+        (config_map,) = [
+            o
+            for o in objects
+            if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("relay")
+        ]
+        config = tmp_path / "relay.yaml"
+        config.write_text(config_map["data"][Path(container["args"][2]).name])
+        environment = {
+            variable["name"]: variable.get("value") or "https://hooks.example/x"
+            for variable in container.get("env", [])
+        }
+        environment["GPULOAD_RELAY_QUEUE_PATH"] = str(tmp_path / "relay.db")
+        relay = start_relay_process(config, "--web.listen-address", "127.0.0.1:0", env=environment)
+        try:
+            assert relay.get("/readyz").status_code == 200
+        finally:
+            assert relay.stop() == 0
+    assert bool(relays) == ("targets" in DOCUMENTED.get(name, {}).get("relay", {}))
