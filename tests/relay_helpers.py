@@ -233,6 +233,35 @@ def start_relay_process(config: Path, *args: str, env: dict[str, str] | None = N
     return follow(process, what="gpuload relay", timeout=20)
 
 
+def assert_rendered_relay_starts(objects: list[dict[str, Any]], folder: Path) -> None:
+    """The chart's relay container, its arguments and rendered config, ready under `gpuload relay`.
+
+    Each Secret a target or the inbound token reads gets any value: enough to start. The queue
+    goes in `folder`, the port is any free one: not the pod's volume or port.
+    """
+    (deployment,) = [
+        o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("relay")
+    ]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    # What start_relay_process runs, with the config file at this test's path.
+    assert container["args"][:2] == ["relay", "--config"], container["args"]
+    (config_map,) = [
+        o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("relay")
+    ]
+    config = folder / "relay.yaml"
+    config.write_text(config_map["data"][Path(container["args"][2]).name])
+    environment = {
+        variable["name"]: variable.get("value") or "https://hooks.example/x"
+        for variable in container.get("env", [])
+    }
+    environment["GPULOAD_RELAY_QUEUE_PATH"] = str(folder / "relay.db")
+    relay = start_relay_process(config, "--web.listen-address", "127.0.0.1:0", env=environment)
+    try:
+        assert relay.get("/readyz").status_code == 200
+    finally:
+        assert relay.stop() == 0
+
+
 def pagerduty_accepted(request: Received) -> tuple[int, dict[str, str], bytes]:
     """PagerDuty's Events API answer to an event it took: 202 with the event's dedup_key."""
     document = {

@@ -413,28 +413,14 @@ def test_the_relay_pod_starts_with_what_the_chart_renders(
     loaded: helm.Chart, values: dict[str, Any], tmp_path: Path
 ) -> None:
     """The container's own arguments and rendered config, run by the real `gpuload relay`."""
-    from relay_helpers import start_relay_process
+    from relay_helpers import assert_rendered_relay_starts
 
     objects = render_objects(loaded, values)
     (container,) = the(objects, "Deployment", "gpuload-relay")["spec"]["template"]["spec"][
         "containers"
     ]
-    # What start_relay_process runs, with the config file at this test's path.
     assert container["args"] == ["relay", "--config", "/etc/gpuload-relay/relay.yaml"]
-    config = tmp_path / "relay.yaml"
-    config.write_text(the(objects, "ConfigMap", "gpuload-relay")["data"]["relay.yaml"])
-    # Each Secret a target or the inbound token reads: any value will do to start. Not the
-    # pod's volume or port, which this machine does not have to spare.
-    environment = {
-        variable["name"]: variable.get("value") or "https://hooks.example/x"
-        for variable in container["env"]
-    }
-    environment["GPULOAD_RELAY_QUEUE_PATH"] = str(tmp_path / "relay.db")
-    relay = start_relay_process(config, "--web.listen-address", "127.0.0.1:0", env=environment)
-    try:
-        assert relay.get("/readyz").status_code == 200
-    finally:
-        assert relay.stop() == 0
+    assert_rendered_relay_starts(objects, tmp_path)
 
 
 @pytest.mark.parametrize(

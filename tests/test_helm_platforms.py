@@ -1013,7 +1013,7 @@ def test_every_documented_install_starts_each_container_as_rendered(
     exporter runs as its security context says (root, read-only, no capability); the relay as
     its config and arguments say, its Secrets any value.
     """
-    from relay_helpers import start_relay_process
+    from relay_helpers import assert_rendered_relay_starts
 
     objects = render_objects(chart, DOCUMENTED.get(name, {}))
     # Host paths beyond the kubelet's (GKE's driver folder) are empty folders here.
@@ -1030,24 +1030,6 @@ def test_every_documented_install_starts_each_container_as_rendered(
     relays = [
         o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("relay")
     ]
-    for deployment in relays:
-        (container,) = deployment["spec"]["template"]["spec"]["containers"]
-        assert container["args"][:2] == ["relay", "--config"], container["args"]
-        (config_map,) = [
-            o
-            for o in objects
-            if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("relay")
-        ]
-        config = tmp_path / "relay.yaml"
-        config.write_text(config_map["data"][Path(container["args"][2]).name])
-        environment = {
-            variable["name"]: variable.get("value") or "https://hooks.example/x"
-            for variable in container.get("env", [])
-        }
-        environment["GPULOAD_RELAY_QUEUE_PATH"] = str(tmp_path / "relay.db")
-        relay = start_relay_process(config, "--web.listen-address", "127.0.0.1:0", env=environment)
-        try:
-            assert relay.get("/readyz").status_code == 200
-        finally:
-            assert relay.stop() == 0
+    if relays:
+        assert_rendered_relay_starts(objects, tmp_path)
     assert bool(relays) == ("targets" in DOCUMENTED.get(name, {}).get("relay", {}))
