@@ -24,12 +24,10 @@ import re
 import shlex
 import shutil
 import subprocess
-import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +35,7 @@ import helm_python as helm
 import pytest
 import yaml
 from helpers import ROOT, answers, free_port, run_prometheus, start_daemon, wait_until
+from relay_helpers import FakeTarget
 from test_helm_chart import CHART, render_objects, the
 
 from bench import fleet_panels
@@ -110,32 +109,6 @@ def with_flags(command: list[str], values: dict[str, str]) -> list[str]:
     return out + [f"{dashes}{name}={value}" for name, value in wanted.items()]
 
 
-class Notifier:
-    """An Alertmanager stand-in on 127.0.0.1 that keeps the alert names vmalert posts."""
-
-    def __init__(self) -> None:
-        self.alertnames: set[str] = set()
-        notifier = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                notifier.alertnames |= {a["labels"]["alertname"] for a in json.loads(body)}
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
 class Engine:
     """The query API of a Prometheus or of VictoriaMetrics."""
 
@@ -187,17 +160,10 @@ def fleet(
     for name, text in render(thresholds).items():
         (folder / "alert_rules" / name).write_text(text)
     started: list[subprocess.Popen[str]] = []
-
-    def start(*command: str, log: str) -> subprocess.Popen[str]:
-        with (folder / log).open("w") as output:
-            process = subprocess.Popen(
-                command, cwd=folder, stdout=output, stderr=subprocess.STDOUT, text=True
-            )
-        started.append(process)
-        return process
-
+    start = start_in(started, folder)
     exporters = [start_daemon("--simulate", scenario) for scenario in SCENARIOS]
-    notifier = Notifier()
+    # Alertmanager's stand-in: it keeps what vmalert posts.
+    notifier = FakeTarget()
     try:
         # Each simulated node is a pod that Kubernetes service discovery would find: the labels
         # the chart gives the exporter pod, its port's name, the node it runs on.
@@ -242,7 +208,7 @@ def fleet(
             *with_flags(
                 store, {"storageDataPath": "vm-data", "httpListenAddr": f"127.0.0.1:{vm_port}"}
             ),
-            log="victoria-metrics.log",
+            log=folder / "victoria-metrics.log",
         )
         wait_until(lambda: answers(vm_url + "/health"), timeout=60, what="victoria-metrics")
         agent_port = free_port()
@@ -254,7 +220,7 @@ def fleet(
                     "web.listen-address": f"127.0.0.1:{agent_port}",
                 },
             ),
-            log="agent.log",
+            log=folder / "agent.log",
         )
         wait_until(
             lambda: answers(f"http://127.0.0.1:{agent_port}/-/ready"), timeout=60, what="agent"
@@ -268,7 +234,7 @@ def fleet(
                 rules,
                 {"evaluationInterval": INTERVAL, "httpListenAddr": f"127.0.0.1:{vmalert_port}"},
             ),
-            log="vmalert.log",
+            log=folder / "vmalert.log",
         )
         wait_until(
             lambda: (
@@ -282,7 +248,7 @@ def fleet(
         reference_folder = folder / "reference"
         reference_folder.mkdir()
         reference = run_prometheus(
-            start_in(started, folder),
+            start,
             reference_folder,
             {
                 "global": {
@@ -300,7 +266,7 @@ def fleet(
         federate["static_configs"] = [{"targets": [reference.removeprefix("http://")]}]
         global_folder = folder / "global"
         global_folder.mkdir()
-        federated = run_prometheus(start_in(started, folder), global_folder, federation)
+        federated = run_prometheus(start, global_folder, federation)
         yield {
             "vm": Engine(vm_url),
             "reference": Engine(reference),
@@ -309,8 +275,6 @@ def fleet(
             "thresholds": thresholds,
             "nodes": len(exporters),
             "gpus": 8 * len(exporters),
-            "vmalert": f"http://127.0.0.1:{vmalert_port}",
-            "folder": folder,
         }
     finally:
         notifier.close()
@@ -322,7 +286,10 @@ def fleet(
 
 
 def start_in(started: list[subprocess.Popen[str]], folder: Path) -> Callable[..., Any]:
-    """A `start` for helpers.run_prometheus whose processes the fixture stops."""
+    """Start an engine in `folder`, its output in `log`; the fixture stops every one `started`.
+
+    The same signature as the `processes` fixture's, so helpers.run_prometheus takes it too.
+    """
 
     def start(*command: str, log: Path) -> subprocess.Popen[str]:
         with log.open("w") as output:
@@ -393,7 +360,12 @@ def test_victoria_metrics_and_vmalert_agree_with_prometheus_on_every_fleet_panel
     firing = reference.query('count by (alertname) (ALERTS{alertstate="firing"})', time.time())
     assert firing
     names = {dict(labels)["alertname"] for labels in firing}
-    wait_until(lambda: names <= fleet["notifier"].alertnames, timeout=120, what="notifications")
+    notifier = fleet["notifier"]
+
+    def notified() -> set[str]:
+        return {alert["labels"]["alertname"] for body in notifier.bodies() for alert in body}
+
+    wait_until(lambda: names <= notified(), timeout=120, what="notifications")
 
 
 def test_federating_the_documented_series_leaves_no_fleet_panel_empty(
