@@ -51,10 +51,9 @@ pytestmark = [
     pytest.mark.image,
 ]
 
-PYTHON_VERSIONS: tuple[str, ...] = runpy.run_path(
-    str(ROOT / "scripts" / "lock-image"), run_name="lock_image"
-)["PYTHON_VERSIONS"]
-RELEASE = "trixie"  # python:3.12-slim's Debian
+_LOCKING = runpy.run_path(str(ROOT / "scripts" / "lock-image"), run_name="lock_image")
+PYTHON_VERSIONS: tuple[str, ...] = _LOCKING["PYTHON_VERSIONS"]
+RELEASE: str = _LOCKING["DEBIAN_RELEASE"]  # python:3.12-slim's Debian
 MIRROR = os.environ.get("GPULOAD_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 # Run inside the debootstrapped tree (chroot): what makes it stand in for python:3.12-slim.
 STAND_IN = (
