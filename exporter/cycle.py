@@ -44,12 +44,14 @@ def run_collector(
     gpu: int | None = None,
     labels: tuple[str, ...] = (),
     now: float | None = None,
+    keep: Callable[[Sample], bool] | None = None,
 ) -> CollectorRun:
     """Run one collector behind the error boundary: nothing it raises escapes.
 
-    ``gpu`` and ``labels`` (the GPU's identity labels) are put in the run as they are.
+    ``gpu`` and ``labels`` (the GPU's identity labels) are put in the run as they are. ``keep``
+    (the metrics profile) lets the collector skip reads it would only drop.
     """
-    read = Reader(slow_due=slow_due, device=device, unsupported=unsupported, now=now)
+    read = Reader(slow_due=slow_due, device=device, unsupported=unsupported, now=now, keep=keep)
     started = time.perf_counter()
     try:
         samples = tuple(collect(read))
@@ -107,7 +109,7 @@ class Cycle:
         running = {self._start(gpu, slow_due, pending) for gpu in queue[:_LANES]}
         del queue[:_LANES]
         node_runs = [
-            self._kept(run_collector(name, collector.collect, slow_due=slow_due))
+            self._kept(run_collector(name, collector.collect, slow_due=slow_due, keep=self._keep))
             for name, collector in self._session.node_collectors.items()
         ]
         widen_after = self._widen_after * (_SLOW_CYCLE_WORK if slow_due else 1)
@@ -200,6 +202,7 @@ class Cycle:
                     gpu=gpu.index,
                     labels=labels,
                     now=self._clock(),
+                    keep=self._keep,
                 )
                 runs.append(self._kept(run))
         finally:

@@ -16,7 +16,8 @@ from helpers import Clock, exposition_text, parse_metrics, simulated_node
 
 from exporter import sim
 from exporter.collection import Collection
-from exporter.collectors import REGISTRY
+from exporter.collectors import REGISTRY, Sample
+from exporter.collectors.profiles import sample_filter
 from exporter.sim.scenario import SCENARIO_DIR
 from exporter.snapshot import Snapshot
 
@@ -118,3 +119,45 @@ def test_each_profile_holds_the_last_and_minimal_still_answers_the_questions() -
     # The last interval's GPM ratios only in full: their counters are what is read.
     assert "gpu_sm_active_ratio" in full - default
     assert "gpu_sm_active_seconds_total" in default
+
+
+def _series_and_calls(scenario: str, profile: str) -> tuple[set[tuple[str, tuple]], Counter[str]]:
+    """The series of a cycle with GPM's second sample in, and the NVML calls that cycle made."""
+    clock = Clock(60)
+    library = sim.install(scenario, clock=clock, epoch=0, caller="root", sleep=lambda _: None)
+    collection = Collection(dict.fromkeys(REGISTRY, True), timeout=60, clock=clock, profile=profile)
+    try:
+        collection.run_cycle()
+        clock.now = 61
+        before = Counter(library.calls)
+        snapshot = collection.run_cycle()
+        calls = Counter(library.calls) - before
+    finally:
+        collection.close()
+        sim.uninstall()
+    return set(_scrape(snapshot)), calls
+
+
+@pytest.mark.parametrize("scenario", ["h100-nvlink", "a100-mig"])
+@pytest.mark.parametrize("profile", sorted(BUDGET))
+def test_a_profile_publishes_the_full_profiles_series_it_keeps_without_reading_the_rest(
+    scenario: str, profile: str
+) -> None:
+    families = {family.name: family for spec in REGISTRY.values() for family in spec.families}
+    keep = sample_filter(profile)
+    assert keep is not None
+
+    def kept(name: str, labels: tuple[tuple[str, str], ...]) -> bool:
+        if name not in families:  # the exporter's own series: every profile has them
+            return True
+        named = dict(labels)
+        return keep(Sample(name, 0.0, tuple(named[label] for label in families[name].labels)))
+
+    full, full_calls = _series_and_calls(scenario, "full")
+    published, calls = _series_and_calls(scenario, profile)
+    assert published == {key for key in full if kept(*key)}
+    # The reads whose every sample the profile drops are not made: BAR1, the graphics clock.
+    assert full_calls["nvmlDeviceGetBAR1MemoryInfo"] > 0
+    assert calls["nvmlDeviceGetBAR1MemoryInfo"] == 0
+    assert calls["nvmlDeviceGetClockInfo"] < full_calls["nvmlDeviceGetClockInfo"]
+    assert sum(calls.values()) < sum(full_calls.values())

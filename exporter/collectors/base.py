@@ -64,6 +64,9 @@ class Reader:
     NO_PERMISSION is an answer to expect, not a failure: an unprivileged caller is refused
     whole-GPU memory and processes on MIG GPUs, and GPM in some containers (nvml-facts.md).
     The read's name goes into `refused`, and the read is asked again once per slow interval.
+
+    `keep` is the metrics profile's filter: a collector asks `wants` before a read whose every
+    sample the profile would drop, and skips it (each NVML call costs driver time per GPU).
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class Reader:
         device: Device | None = None,
         unsupported: set[Hashable] | None = None,
         now: float | None = None,
+        keep: Callable[[Sample], bool] | None = None,
     ) -> None:
         # Whether values that change rarely are to be read again this time (see `SlowReads`).
         self.slow_due = slow_due
@@ -87,6 +91,11 @@ class Reader:
         # Without a set to keep them in, nothing is remembered.
         self._device = device if unsupported is not None else None
         self._unsupported: set[Hashable] = unsupported if unsupported is not None else set()
+        self._keep = keep
+
+    def wants(self, family: str, *labels: str) -> bool:
+        """Whether the metrics profile publishes ``family`` with these extra labels."""
+        return self._keep is None or self._keep(Sample(family, 0.0, labels))
 
     def record(self, error: NvmlError) -> None:
         """Count an error that happened outside a read (e.g. in a collector's own thread)."""

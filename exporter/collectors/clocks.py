@@ -73,6 +73,8 @@ class ClocksCollector:
     def collect(self, device: Device, read: Reader) -> Iterator[Sample]:
         """Yield clocks in hertz and one 0/1 series per clock event reason."""
         for clock in CLOCK_TYPES:
+            if not read.wants("gpu_clock_hertz", clock):  # graphics: the SM clock's twin
+                continue
             current = read(device.clock_mhz, clock, valid=_plausible_mhz, what=clock)
             if current is not None:
                 yield Sample("gpu_clock_hertz", current * _MHZ, (clock,))
@@ -84,6 +86,8 @@ class ClocksCollector:
 
     def _maximum_clocks(self, device: Device, read: Reader) -> Iterator[Sample]:
         for clock in CLOCK_TYPES:
+            if not read.wants("gpu_clock_max_hertz", clock):
+                continue
             peak = read(device.max_clock_mhz, clock, valid=_plausible_mhz, what=clock)
             if peak is not None:
                 yield Sample("gpu_clock_max_hertz", peak * _MHZ, (clock,))

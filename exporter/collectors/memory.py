@@ -66,6 +66,10 @@ class MemoryCollector:
             yield Sample("gpu_memory_free_bytes", memory.free)
             if memory.reserved is not None:
                 yield Sample("gpu_memory_reserved_bytes", memory.reserved)
+        if not read.wants("gpu_bar1_memory_total_bytes") and not read.wants(
+            "gpu_bar1_memory_used_bytes"
+        ):
+            return
         bar1 = read(device.bar1_memory, valid=_consistent, what="bar1")
         if bar1 is not None:
             yield Sample("gpu_bar1_memory_total_bytes", bar1.total)
