@@ -324,7 +324,8 @@ def test_unexpected_error_is_counted_and_other_series_stay(collect, tmp_path: Pa
         ),
         ("nvmlDeviceGetPowerUsage", "gpu_power_usage_watts", {}),
         ("nvmlDeviceGetSamples, nvmlDeviceGetUtilizationRates", "gpu_utilization_ratio", {}),
-        ("nvmlDeviceGetTotalEnergyConsumption", "gpu_energy_consumption_joules_total", {}),
+        # Energy is a field value (83), read in the call with the other fields.
+        ("nvmlDeviceGetFieldValues", "gpu_energy_consumption_joules_total", {}),
         ("nvmlDeviceGetClockInfo", "gpu_clock_hertz", {"clock": "sm"}),
     ],
 )

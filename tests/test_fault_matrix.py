@@ -111,7 +111,7 @@ SENTINEL_CALLS = [
     "nvmlDeviceGetTemperature",
     "nvmlDeviceGetPowerUsage",
     "nvmlDeviceGetClockInfo",
-    "nvmlDeviceGetTotalEnergyConsumption",
+    "nvmlDeviceGetFieldValues",  # energy (field 83) and the memory temperature among them
     "nvmlDeviceGetFanSpeed",
     "nvmlDeviceGetFanSpeed_v2",
 ]
