@@ -88,19 +88,26 @@ def test_the_budget_holds_with_more_processes_than_are_shown(tmp_path: Path, pro
     assert max(costs.values()) <= BUDGET[profile], costs
 
 
-def _families(profile: str) -> set[str]:
+def _series_and_calls(scenario: str, profile: str) -> tuple[set[tuple[str, tuple]], Counter[str]]:
+    """The series of a cycle with GPM's second sample in, and the NVML calls that cycle made."""
     clock = Clock(60)
-    sim.install("h100-nvlink", clock=clock, epoch=0, sleep=lambda _: None)
+    library = sim.install(scenario, clock=clock, epoch=0, caller="root", sleep=lambda _: None)
     collection = Collection(dict.fromkeys(REGISTRY, True), timeout=60, clock=clock, profile=profile)
     try:
         collection.run_cycle()
         clock.now = 61
+        before = Counter(library.calls)
         snapshot = collection.run_cycle()
+        calls = Counter(library.calls) - before
     finally:
         collection.close()
         sim.uninstall()
-    samples = _scrape(snapshot)
-    return {name for name, labels in samples if dict(labels).get("gpu") == "0"}
+    return set(_scrape(snapshot)), calls
+
+
+def _families(profile: str) -> set[str]:
+    series, _ = _series_and_calls("h100-nvlink", profile)
+    return {name for name, labels in series if dict(labels).get("gpu") == "0"}
 
 
 def test_each_profile_holds_the_last_and_minimal_still_answers_the_questions() -> None:
@@ -119,23 +126,6 @@ def test_each_profile_holds_the_last_and_minimal_still_answers_the_questions() -
     # The last interval's GPM ratios only in full: their counters are what is read.
     assert "gpu_sm_active_ratio" in full - default
     assert "gpu_sm_active_seconds_total" in default
-
-
-def _series_and_calls(scenario: str, profile: str) -> tuple[set[tuple[str, tuple]], Counter[str]]:
-    """The series of a cycle with GPM's second sample in, and the NVML calls that cycle made."""
-    clock = Clock(60)
-    library = sim.install(scenario, clock=clock, epoch=0, caller="root", sleep=lambda _: None)
-    collection = Collection(dict.fromkeys(REGISTRY, True), timeout=60, clock=clock, profile=profile)
-    try:
-        collection.run_cycle()
-        clock.now = 61
-        before = Counter(library.calls)
-        snapshot = collection.run_cycle()
-        calls = Counter(library.calls) - before
-    finally:
-        collection.close()
-        sim.uninstall()
-    return set(_scrape(snapshot)), calls
 
 
 @pytest.mark.parametrize("scenario", ["h100-nvlink", "a100-mig"])
