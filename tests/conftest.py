@@ -2,12 +2,68 @@
 
 from __future__ import annotations
 
+import ast
+import functools
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from helpers import Daemon, start_daemon
+
+# The real engines a test can start, by the program's name, and the helpers that start one.
+ENGINE_PROGRAMS = frozenset(
+    {
+        "promtool",
+        "prometheus",
+        "prometheus-alertmanager",
+        "alertmanager",
+        "victoria-metrics",
+        "vmalert",
+        "vmagent",
+        "chromium",
+        "podman",
+        "buildah",
+    }
+)
+ENGINE_HELPERS = frozenset({"run_prometheus", "promtool_test_rules"})
+
+
+@functools.cache
+def needs_an_engine(module: Path) -> bool:
+    """Whether a test module starts a real engine: it names an engine's program or helper.
+
+    `scripts/test --quick` leaves such modules out. A module is judged whole: a file with one
+    promtool check and twenty pure tests is left out too, which keeps the rule simple and the
+    quick run honest (it never half-runs a file).
+    """
+    for node in ast.walk(ast.parse(module.read_text())):
+        if isinstance(node, ast.Constant) and node.value in ENGINE_PROGRAMS:
+            return True
+        if isinstance(node, ast.Name) and node.id in ENGINE_HELPERS:
+            return True
+        if isinstance(node, ast.alias) and node.name in ENGINE_HELPERS:
+            return True
+    return False
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--quick",
+        action="store_true",
+        help="leave out the test modules that start a real engine (Prometheus, Alertmanager,"
+        " VictoriaMetrics, Chromium, podman): scripts/test --quick",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--quick"):
+        return
+    kept = [item for item in items if not needs_an_engine(Path(str(item.fspath)))]
+    left_out = [item for item in items if needs_an_engine(Path(str(item.fspath)))]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
 
 
 def pytest_configure(config: pytest.Config) -> None:
