@@ -22,6 +22,8 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 from helpers import ROOT
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from exporter.relay import targets
 from exporter.relay.config import ConfigError, Secret, load
@@ -341,3 +343,38 @@ def test_a_new_kind_is_one_module(tmp_path: Path) -> None:
     assert bad.startswith(
         "config file targets.s.loud: not used by type slack, only by echo (type slack takes: "
     )
+
+
+def test_a_target_refuses_options_of_another_kind() -> None:
+    config = TargetConfig(name="t", kind="dingtalk", url=Secret("https://x"), options=NoOptions())
+    with pytest.raises(TypeError, match="a dingtalk target takes DingTalkOptions, not NoOptions"):
+        targets.build(config, MessageSettings())
+
+
+ALL_KEYS = sorted(set().union(*(spec.accepted_keys() for spec in KINDS.values())))
+VALUES = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=True)
+    | st.text(max_size=20)
+    | st.sampled_from(["https://hooks.example.com/1", "10s", "MISSING", *sorted(KINDS)])
+    | st.lists(st.integers() | st.text(max_size=5), max_size=3)
+)
+
+
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(st.sampled_from(sorted(KINDS)), st.dictionaries(st.sampled_from(ALL_KEYS), VALUES))
+def test_any_section_of_any_kind_is_read_or_refused_in_one_line(
+    tmp_path: Path, kind: str, values: dict[str, Any]
+) -> None:
+    try:
+        config = load_target(tmp_path, {**values, "type": kind})
+    except ConfigError as error:
+        assert "\n" not in str(error)
+        return
+    assert isinstance(config.options, KINDS[kind].options_type)

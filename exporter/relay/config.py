@@ -346,22 +346,23 @@ def _targets(tree: Any, secrets: _Secrets) -> dict[str, TargetConfig]:
         if not isinstance(values, Mapping):
             raise ConfigError(f"config file {path}: expected a mapping of settings")
         kind = values.get("type")
-        if kind not in KINDS:
+        if not isinstance(kind, str) or kind not in KINDS:
             raise ConfigError(
                 f"config file {path}.type: {kind!r} is not valid: expected one of "
                 f"{', '.join(sorted(KINDS))}"
             )
         _only_keys_of_kind(values, path, kind, KINDS)
-        declared = KINDS[kind].declarations()
+        spec = KINDS[kind]
         read = {
             key: _target_setting(values, path, setting, secrets)
-            for key, setting in declared.items()
+            for key, setting in spec.declarations().items()
         }
-        own = {setting.name for setting in declared_options(KINDS[kind].options_type)}
+        # The kind's own settings make its options; the shared ones are the config's fields.
+        own = {setting.name for setting in declared_options(spec.options_type)}
         targets[str(name)] = TargetConfig(
             name=str(name),
             kind=kind,
-            options=KINDS[kind].options_type(**{key: read[key] for key in own}),
+            options=spec.options_type(**{key: read[key] for key in own}),
             **{key: value for key, value in read.items() if key not in own},
         )
     return targets
@@ -401,7 +402,7 @@ def _target_setting(
         try:
             # The secret's text is checked but never shown.
             return dataclasses.replace(secret, value=setting.parse(secret.value))
-        except ValueError as error:
+        except (TypeError, ValueError) as error:
             raise ConfigError(f"config file {path}.{key}: {error}") from None
     raw = values.get(key)
     if raw is None:

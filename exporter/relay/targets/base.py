@@ -193,6 +193,11 @@ class Target:
         return {"type"} | {key for setting in cls.declarations().values() for key in setting.keys}
 
     def __init__(self, config: TargetConfig, settings: MessageSettings) -> None:
+        if not isinstance(config.options, self.options_type):
+            raise TypeError(
+                f"target {config.name}: a {self.kind} target takes "
+                f"{self.options_type.__name__}, not {type(config.options).__name__}"
+            )
         self.config = config
         self.options = config.options
         self.name = config.name
