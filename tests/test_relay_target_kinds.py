@@ -232,7 +232,9 @@ def test_the_chart_schema_takes_exactly_the_discovered_kinds() -> None:
         rule["if"]["properties"]["type"]["const"]: rule["then"]["properties"]["secrets"]
         for rule in target["allOf"]
     }
-    assert secrets_by_kind["pagerduty"] == {"propertyNames": {"enum": ["routing_key", "url"]}}
+    assert secrets_by_kind["pagerduty"]["propertyNames"] == {"enum": ["routing_key", "url"]}
+    described = secrets_by_kind["pagerduty"]["properties"]["url"]["description"]
+    assert described == KINDS["pagerduty"].declarations()["url"].help
     assert sorted(secrets_by_kind) == sorted(KINDS)
 
 

@@ -304,15 +304,26 @@ def relay_target_schema() -> dict[str, Any]:
     by_kind = []
     for kind in sorted(KINDS):
         declared = KINDS[kind].declarations().values()
-        secrets = sorted(setting.name for setting in declared if setting.secret)
-        settings = sorted(KINDS[kind].accepted_keys() - {"type"})
+        # Each key with its setting's help, for editors that show a schema's descriptions.
+        secrets = {
+            setting.name: {"description": setting.help} for setting in declared if setting.secret
+        }
+        settings = {
+            key: {"description": setting.help} for setting in declared for key in setting.keys
+        }
         by_kind.append(
             {
                 "if": {"properties": {"type": {"const": kind}}, "required": ["type"]},
                 "then": {
                     "properties": {
-                        "secrets": {"propertyNames": {"enum": secrets}},
-                        "settings": {"propertyNames": {"enum": settings}},
+                        "secrets": {
+                            "propertyNames": {"enum": sorted(secrets)},
+                            "properties": dict(sorted(secrets.items())),
+                        },
+                        "settings": {
+                            "propertyNames": {"enum": sorted(settings)},
+                            "properties": dict(sorted(settings.items())),
+                        },
                     }
                 },
             }
