@@ -26,6 +26,8 @@ from helpers import ROOT, Daemon, follow, wait_until
 
 from exporter.relay import config as relay_config
 from exporter.relay.daemon import Relay
+from exporter.relay.target_config import TargetConfig, declared_options
+from exporter.relay.targets import KINDS
 
 T = TypeVar("T")
 
@@ -177,6 +179,14 @@ def notification(
         "externalURL": "http://alertmanager:9093",
         "alerts": list(alerts),
     }
+
+
+def target_config(kind: str, **settings: Any) -> TargetConfig:
+    """A configured target of `kind` named my-KIND: the kind's own options go to its options."""
+    own = {setting.name for setting in declared_options(KINDS[kind].options_type)}
+    options = KINDS[kind].options_type(**{k: v for k, v in settings.items() if k in own})
+    shared = {k: v for k, v in settings.items() if k not in own}
+    return TargetConfig(name=f"my-{kind}", kind=kind, options=options, **shared)
 
 
 def write_config(directory: Path, document: dict[str, Any]) -> Path:

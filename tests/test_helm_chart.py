@@ -440,6 +440,24 @@ def test_the_relay_pod_starts_with_what_the_chart_renders(
             "at '/prometheusRule/thresholds/alerts/GPUFellOffBus/for'",
         ),
         ({"relay": {"targets": {"ops": {"type": "slak"}}}}, "at '/relay/targets/ops/type'"),
+        (
+            # A setting of another kind: the schema takes each kind's declared settings only.
+            {"relay": {"targets": {"ops": {"type": "slack", "settings": {"at_all": True}}}}},
+            "invalid propertyName 'at_all'",
+        ),
+        (
+            {
+                "relay": {
+                    "targets": {
+                        "ops": {
+                            "type": "slack",
+                            "secrets": {"routing_key": {"name": "relay", "key": "pd"}},
+                        }
+                    }
+                }
+            },
+            "invalid propertyName 'routing_key'",
+        ),
         ({"serviceMonitor": {"enabeld": False}}, "additional properties 'enabeld' not allowed"),
         ({"serviceMonitor": {"enabled": "yes"}}, "at '/serviceMonitor/enabled'"),
         ({"web": {"tls": {"existingSecret": "Not_A_Name"}}}, "at '/web/tls/existingSecret'"),

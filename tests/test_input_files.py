@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from exporter import config
 from exporter.alerting import thresholds
 from exporter.relay import config as relay_config
+from exporter.relay.targets import KINDS
 from exporter.settings import MAX_INPUT_BYTES, ConfigError
 
 COLLECTORS = {"utilization": True}
@@ -205,8 +206,8 @@ _KEYS = st.sampled_from(
         "min_version",
         "matchers",
         "routes",
-        "type",
-        "url",
+        # Every key of every target kind, so that each kind's settings are fuzzed.
+        *sorted(set().union(*(kind.accepted_keys() for kind in KINDS.values()))),
     ]
 )
 _SCALARS = (
@@ -215,6 +216,7 @@ _SCALARS = (
     | st.integers()
     | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(max_size=40)
+    | st.sampled_from(sorted(KINDS))
 )
 _DOCUMENTS = st.recursive(
     _SCALARS,

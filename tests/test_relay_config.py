@@ -98,7 +98,7 @@ def test_environment_beats_file_and_flags_beat_environment(tmp_path: Path) -> No
         (
             loopback(targets={"s": {"type": "slack", "url": "https://x", "template": "{{ a"}}),
             {},
-            r"targets.s.template: line 1",
+            r"targets.s.template: '\{\{ a' is not valid: line 1",
         ),
         (
             loopback(route={"targets": ["nope"]}),

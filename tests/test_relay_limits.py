@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from relay_helpers import FakeTarget, alert, notification, write_config
+from relay_helpers import FakeTarget, alert, notification, target_config, write_config
 
 from exporter.cli import main
 from exporter.relay import payload, targets
-from exporter.relay.config import Secret, TargetConfig
+from exporter.relay.config import Secret
 from exporter.relay.targets.discord import embed_characters
 from exporter.relay.templates import MessageSettings
 
@@ -35,7 +35,7 @@ def build(kind: str, **options: Any) -> targets.Target:
     options.setdefault("url", Secret("https://hooks.example.com/services/T0/B0/secret"))
     if kind == "pagerduty":
         options.setdefault("routing_key", Secret("R" * 32))
-    return targets.build(TargetConfig(name=f"my-{kind}", kind=kind, **options), SETTINGS)
+    return targets.build(target_config(kind, **options), SETTINGS)
 
 
 def parsed(document: dict[str, Any]) -> payload.Notification:

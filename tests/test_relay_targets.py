@@ -10,10 +10,10 @@ from typing import Any
 from urllib.parse import parse_qs, unquote_plus, urlsplit
 
 import pytest
-from relay_helpers import alert, notification
+from relay_helpers import alert, notification, target_config
 
 from exporter.relay import payload, targets
-from exporter.relay.config import Secret, TargetConfig
+from exporter.relay.config import Secret
 from exporter.relay.targets.discord import embed_characters
 from exporter.relay.templates import MessageSettings
 
@@ -23,7 +23,7 @@ NOW = 1_767_000_000.5
 
 def build(kind: str, **options: Any) -> targets.Target:
     options.setdefault("url", Secret("https://hooks.example.com/services/T0/B0/secret"))
-    return targets.build(TargetConfig(name=f"my-{kind}", kind=kind, **options), SETTINGS)
+    return targets.build(target_config(kind, **options), SETTINGS)
 
 
 def parsed(document: dict[str, Any]) -> payload.Notification:

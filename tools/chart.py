@@ -12,8 +12,9 @@ Helm reads only files inside the chart, so ``helm/gpuload/files/`` carries:
   implementation of the rules to drift;
 - ``dashboards/*.json``: copies of ``grafana/dashboards/``.
 
-It also writes the thresholds' part of ``values.schema.json`` (``$defs.thresholds``), so that a
-bad threshold fails at install with the key's path.
+It also writes two parts of ``values.schema.json``, so that a mistake fails at install with the
+key's path: the thresholds' (``$defs.thresholds``), and a relay target's (``$defs.relayTarget``):
+the target kinds the relay registers, and for each kind the settings and secrets it declares.
 
 ``scripts/refresh-chart`` runs this; ``--check`` writes nothing and exits 1 when a copy is stale.
 """
@@ -32,6 +33,7 @@ from typing import Any
 import yaml
 
 from exporter.alerting import rules, thresholds
+from exporter.relay.targets import KINDS
 from tools import ROOT, render_rules
 
 CHART = ROOT / "helm" / "gpuload"
@@ -64,6 +66,7 @@ def expected_files() -> dict[Path, str]:
     schema_path = CHART / "values.schema.json"
     schema = json.loads(schema_path.read_text(encoding="utf-8"))
     schema.setdefault("$defs", {})["thresholds"] = thresholds_schema(document)
+    schema["$defs"]["relayTarget"] = relay_target_schema()
     files[schema_path] = json.dumps(schema, indent=2) + "\n"
     return files
 
@@ -287,6 +290,64 @@ _KIND_SCHEMAS: dict[str, Callable[[], dict[str, Any]]] = {
         "items": {"type": "integer", "minimum": 1},
     },
 }
+
+
+# A relay target's JSON schema
+
+
+def relay_target_schema() -> dict[str, Any]:
+    """A target of the values' ``relay.targets``: a registered kind, with the keys it takes.
+
+    ``secrets`` names the kind's secret settings, each read from a Secret (the chart passes it
+    as ``NAME_env``); ``settings`` holds the others as the relay's config file writes them.
+    """
+    by_kind = []
+    for kind in sorted(KINDS):
+        declared = KINDS[kind].declarations().values()
+        # Each key with its setting's help, for editors that show a schema's descriptions.
+        secrets = {
+            setting.name: {"description": setting.help} for setting in declared if setting.secret
+        }
+        settings = {
+            key: {"description": setting.help} for setting in declared for key in setting.keys
+        }
+        by_kind.append(
+            {
+                "if": {"properties": {"type": {"const": kind}}, "required": ["type"]},
+                "then": {
+                    "properties": {
+                        "secrets": {
+                            "propertyNames": {"enum": sorted(secrets)},
+                            "properties": dict(sorted(secrets.items())),
+                        },
+                        "settings": {
+                            "propertyNames": {"enum": sorted(settings)},
+                            "properties": dict(sorted(settings.items())),
+                        },
+                    }
+                },
+            }
+        )
+    secret_reference = {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "name": {"type": "string", "minLength": 1},
+            "key": {"type": "string", "minLength": 1},
+        },
+        "required": ["name", "key"],
+    }
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "type": {"enum": sorted(KINDS)},
+            "secrets": {"type": "object", "additionalProperties": secret_reference},
+            "settings": {"type": "object"},
+        },
+        "required": ["type"],
+        "allOf": by_kind,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,29 +8,29 @@ inbound credentials) are read from a file (``url_file``) or an environment varia
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from exporter.matchers import parse_matcher
 from exporter.relay.routes import Route
-from exporter.relay.settings import SETTINGS, parse_text
-from exporter.relay.target_config import Secret, TargetConfig
+from exporter.relay.settings import SETTINGS
+from exporter.relay.target_config import Secret, TargetConfig, TargetSetting, declared_options
 from exporter.settings import (
     ConfigError,
     LogConfig,
     flatten,
     parse_bool,
-    parse_duration,
-    parse_duration_or_zero,
     read_input,
     read_settings_file,
     shown,
 )
 
 if TYPE_CHECKING:
+    from exporter.relay.targets import Target
     from exporter.server.webconfig import WebSecurity
 
 __all__ = ["ConfigError", "RelayConfig", "Secret", "TargetConfig", "load", "startup_warnings"]
@@ -331,31 +331,10 @@ class _Secrets:
         return Secret(value, f"file {path}")
 
 
-_TARGET_KEYS = {
-    "type",
-    "url",
-    "url_file",
-    "url_env",
-    "secret",
-    "secret_file",
-    "secret_env",
-    "routing_key",
-    "routing_key_file",
-    "routing_key_env",
-    "template",
-    "min_interval",
-    "timeout",
-    "at_mobiles",
-    "at_all",
-    "content_type",
-}
-
-
 def _targets(tree: Any, secrets: _Secrets) -> dict[str, TargetConfig]:
     # Imported here: every target module, and jinja2 with the templates, only where
     # targets are configured.
     from exporter.relay.targets import KINDS
-    from exporter.relay.templates import TemplateError, compile_template
 
     if tree is None:
         return {}
@@ -366,65 +345,72 @@ def _targets(tree: Any, secrets: _Secrets) -> dict[str, TargetConfig]:
         path = f"targets.{name}"
         if not isinstance(values, Mapping):
             raise ConfigError(f"config file {path}: expected a mapping of settings")
-        unknown = sorted(set(map(str, values)) - _TARGET_KEYS)
-        if unknown:
-            raise ConfigError(
-                f"config file {path}.{unknown[0]}: unknown setting "
-                f"(known: {', '.join(sorted(_TARGET_KEYS))})"
-            )
         kind = values.get("type")
-        if kind not in KINDS:
+        if not isinstance(kind, str) or kind not in KINDS:
             raise ConfigError(
                 f"config file {path}.type: {kind!r} is not valid: expected one of "
                 f"{', '.join(sorted(KINDS))}"
             )
+        _only_keys_of_kind(values, path, kind, KINDS)
         spec = KINDS[kind]
-        read = {key: secrets.read(values, path, key, literal=True) for key in spec.secrets}
-        for key in spec.required:
-            if read.get(key) is None:
-                raise ConfigError(
-                    f"config file {path}: {key} (or {key}_file, {key}_env) is required"
-                )
-        for key in ("url", "secret", "routing_key"):
-            if key not in spec.secrets and any(k.startswith(key) for k in values):
-                raise ConfigError(f"config file {path}.{key}: not used by type {kind}")
-        template = values.get("template")
-        if template is not None:
-            try:
-                compile_template(str(template))
-            except TemplateError as error:
-                raise ConfigError(f"config file {path}.template: {error}") from None
-        url = read.get("url")
-        if url is not None and not url.value.startswith(("http://", "https://")):
-            raise ConfigError(f"config file {path}.url: expected an http:// or https:// URL")
+        read = {
+            key: _target_setting(values, path, setting, secrets)
+            for key, setting in spec.declarations().items()
+        }
+        # The kind's own settings make its options; the shared ones are the config's fields.
+        own = {setting.name for setting in declared_options(spec.options_type)}
         targets[str(name)] = TargetConfig(
             name=str(name),
             kind=kind,
-            url=url,
-            secret=read.get("secret"),
-            routing_key=read.get("routing_key"),
-            template=None if template is None else str(template),
-            min_interval=_field(values, path, "min_interval", parse_duration_or_zero),
-            timeout=_field(values, path, "timeout", parse_duration),
-            at_mobiles=tuple(_field(values, path, "at_mobiles", _string_list) or ()),
-            at_all=bool(_field(values, path, "at_all", parse_bool)),
-            content_type=_field(values, path, "content_type", parse_text) or "application/json",
+            options=spec.options_type(**{key: read[key] for key in own}),
+            **{key: value for key, value in read.items() if key not in own},
         )
     return targets
 
 
-def _string_list(value: Any) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str | int) for v in value):
-        raise ValueError("expected a list of strings")
-    return [str(v) for v in value]
+def _only_keys_of_kind(
+    values: Mapping[str, Any], path: str, kind: str, kinds: Mapping[str, type[Target]]
+) -> None:
+    """Every key is one the kind declares; a key of other kinds is named as theirs."""
+    accepted = kinds[kind].accepted_keys()
+    for key in map(str, values):
+        if key in accepted:
+            continue
+        known = ", ".join(sorted(accepted))
+        owners = sorted(other for other, spec in kinds.items() if key in spec.accepted_keys())
+        if owners:
+            raise ConfigError(
+                f"config file {path}.{key}: not used by type {kind}, only by "
+                f"{', '.join(owners)} (type {kind} takes: {known})"
+            )
+        raise ConfigError(f"config file {path}.{key}: unknown setting (known: {known})")
 
 
-def _field(values: Mapping[str, Any], path: str, key: str, parse: Callable[[Any], Any]) -> Any:
+def _target_setting(
+    values: Mapping[str, Any], path: str, setting: TargetSetting, secrets: _Secrets
+) -> Any:
+    """One declared setting of a target section, parsed, or its default when not given."""
+    key = setting.name
+    if setting.secret:
+        secret = secrets.read(values, path, key, literal=True)
+        if secret is None:
+            if setting.required:
+                raise ConfigError(
+                    f"config file {path}: {key} (or {key}_file, {key}_env) is required"
+                )
+            return setting.default
+        try:
+            # The secret's text is checked but never shown.
+            return dataclasses.replace(secret, value=setting.parse(secret.value))
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"config file {path}.{key}: {error}") from None
     raw = values.get(key)
     if raw is None:
-        return None
+        if setting.required:
+            raise ConfigError(f"config file {path}: {key} is required")
+        return setting.default
     try:
-        return parse(raw)
+        return setting.parse(raw)
     except (TypeError, ValueError) as error:
         raise ConfigError(
             f"config file {path}.{key}: {shown(key, raw)} is not valid: {error}"

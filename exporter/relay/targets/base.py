@@ -8,12 +8,13 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from exporter.problems import ProblemLog
 from exporter.relay.payload import Notification
-from exporter.relay.target_config import TargetConfig
+from exporter.relay.target_config import NoOptions, TargetConfig, TargetSetting, declared_options
 from exporter.relay.templates import MessageSettings, TemplateError, compile_template, render
+from exporter.settings import parse_duration, parse_duration_or_zero
 
 log = logging.getLogger(__name__)
 
@@ -133,23 +134,72 @@ def _error_code(body: bytes, code_fields: Sequence[str]) -> tuple[int | None, st
     return code, str(document.get("errmsg") or document.get("msg") or "")
 
 
+def parse_http_url(value: Any) -> str:
+    """An http:// or https:// URL."""
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        raise ValueError("expected an http:// or https:// URL")
+    return value
+
+
+def parse_template(value: Any) -> str:
+    """A user template that compiles; the error gives its line and reason."""
+    if not isinstance(value, str):
+        raise ValueError("expected a template as a string")
+    compile_template(value)  # TemplateError is a ValueError
+    return value
+
+
+# The settings every kind takes; a kind's options may declare one of these names again to
+# change it (PagerDuty's URL has a default), and then the kind's own declaration holds.
+SHARED_SETTINGS = (
+    TargetSetting(
+        "url", parse_http_url, required=True, secret=True, help="where messages are posted"
+    ),
+    TargetSetting("template", parse_template, help="the message text as a Jinja template"),
+    TargetSetting(
+        "min_interval",
+        parse_duration_or_zero,
+        help="pause between two messages (default: the kind's, from its rate limit)",
+    ),
+    TargetSetting("timeout", parse_duration, help="per request; overrides delivery.timeout"),
+)
+
+
 class Target:
     """A delivery target of one kind; subclasses build its messages.
 
-    Class attributes declare what the configuration must give (`required`), what it
-    may give (`secrets`), the default pause between messages (`min_interval`,
-    from the service's rate limit) and whether several notifications can be
-    coalesced into one digest message (`digests`).
+    Class attributes declare the kind's own settings (`options_type`, a dataclass of
+    `option(...)` fields that the configuration fills; instances read it as ``self.options``),
+    the default pause between messages (`min_interval`, from the service's rate limit) and
+    whether several notifications can be coalesced into one digest message (`digests`).
     """
 
     kind: ClassVar[str]
-    required: ClassVar[tuple[str, ...]] = ("url",)
-    secrets: ClassVar[tuple[str, ...]] = ("url",)
+    options_type: ClassVar[type[Any]] = NoOptions
     min_interval: ClassVar[float] = 0.0
     digests: ClassVar[bool] = True
+    options: Any
+
+    @classmethod
+    def declarations(cls) -> dict[str, TargetSetting]:
+        """Every setting the kind takes by name: the shared ones, then its own."""
+        declared = {setting.name: setting for setting in SHARED_SETTINGS}
+        declared.update((setting.name, setting) for setting in declared_options(cls.options_type))
+        return declared
+
+    @classmethod
+    def accepted_keys(cls) -> set[str]:
+        """The keys a target section of this kind may hold, ``type`` included."""
+        return {"type"} | {key for setting in cls.declarations().values() for key in setting.keys}
 
     def __init__(self, config: TargetConfig, settings: MessageSettings) -> None:
+        if not isinstance(config.options, self.options_type):
+            raise TypeError(
+                f"target {config.name}: a {self.kind} target takes "
+                f"{self.options_type.__name__}, not {type(config.options).__name__}"
+            )
         self.config = config
+        self.options = config.options
         self.name = config.name
         self.settings = settings
         self.interval = self.min_interval if config.min_interval is None else config.min_interval
@@ -189,9 +239,18 @@ class Target:
 
 
 KINDS: dict[str, type[Target]] = {}
+T = TypeVar("T", bound=Target)
 
 
-def register(cls: type[Target]) -> type[Target]:
-    """Class decorator: make a target kind known to the configuration."""
+def register(cls: type[T]) -> type[T]:
+    """Class decorator: make a target kind known to the configuration.
+
+    Raises:
+        ValueError: the kind is registered twice.
+        TypeError: its options declare a field the configuration could not fill.
+    """
+    if cls.kind in KINDS:
+        raise ValueError(f"target kind {cls.kind!r} registered twice")
+    cls.declarations()  # Fails at import, not at a user's start, on a bad declaration.
     KINDS[cls.kind] = cls
     return cls

@@ -16,9 +16,12 @@ import base64
 import hashlib
 import hmac
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote_plus
 
 from exporter.relay.payload import Notification
+from exporter.relay.target_config import Secret, option
 from exporter.relay.targets.base import (
     OutboundRequest,
     Outcome,
@@ -36,6 +39,7 @@ from exporter.relay.templates import (
     join_within,
     title,
 )
+from exporter.settings import parse_bool
 
 # 20 messages a minute, then a 10-minute block (130101):
 # https://open.dingtalk.com/document/orgapp/custom-robot-access ; 20000 bytes per body.
@@ -50,12 +54,35 @@ def sign(secret: str, timestamp_ms: int) -> str:
     return quote_plus(base64.b64encode(digest).decode())
 
 
+def parse_mobiles(value: Any) -> tuple[str, ...]:
+    """A list of mobile numbers, written as strings or numbers."""
+    if not isinstance(value, list) or not all(
+        isinstance(v, str | int) and not isinstance(v, bool) for v in value
+    ):
+        raise ValueError("expected a list of mobile numbers")
+    return tuple(str(v) for v in value)
+
+
+@dataclass(frozen=True)
+class DingTalkOptions:
+    """What a DingTalk robot takes besides the shared settings."""
+
+    secret: Secret | None = option(
+        secret=True, help="the robot's signing secret (its 加签 setting): requests are signed"
+    )
+    at_mobiles: tuple[str, ...] = option(
+        parse_mobiles, default=(), help="mobile numbers of the group members to mention"
+    )
+    at_all: bool = option(parse_bool, default=False, help="mention everyone in the group")
+
+
 @register
 class DingTalk(Target):
     """A DingTalk custom robot."""
 
     kind = "dingtalk"
-    secrets = ("url", "secret")
+    options_type = DingTalkOptions
+    options: DingTalkOptions
     min_interval = 3.0
 
     def request(self, notifications: Sequence[Notification], now: float) -> OutboundRequest:
@@ -72,7 +99,7 @@ class DingTalk(Target):
             else:
                 parts = alert_parts(notifications[0], self.settings, ROBOT)
                 dropped = notifications[0].truncated_alerts
-        mentions = " ".join(f"@{mobile}" for mobile in self.config.at_mobiles)
+        mentions = " ".join(f"@{mobile}" for mobile in self.options.at_mobiles)
         head = f"### {ROBOT.escape(headline)}\n\n"
         tail = f"\n\n{mentions}" if mentions else ""
         room = TEXT_BYTES - ROBOT.size(head) - ROBOT.size(tail)
@@ -82,13 +109,13 @@ class DingTalk(Target):
         document = {
             "msgtype": "markdown",
             "markdown": {"title": headline[:100], "text": body},
-            "at": {"atMobiles": list(self.config.at_mobiles), "isAtAll": self.config.at_all},
+            "at": {"atMobiles": list(self.options.at_mobiles), "isAtAll": self.options.at_all},
         }
         url = self.url
-        if self.config.secret is not None:
+        if self.options.secret is not None:
             stamp = int(now * 1000)
             separator = "&" if "?" in url else "?"
-            url = f"{url}{separator}timestamp={stamp}&sign={sign(self.config.secret.value, stamp)}"
+            url = f"{url}{separator}timestamp={stamp}&sign={sign(self.options.secret.value, stamp)}"
         return OutboundRequest(url, json_body(document), {"Content-Type": "application/json"})
 
     def outcome(self, status: int, headers: Mapping[str, str], body: bytes) -> Outcome:

@@ -18,9 +18,11 @@ import base64
 import hashlib
 import hmac
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from exporter.relay.payload import Notification
+from exporter.relay.target_config import Secret, option
 from exporter.relay.targets.base import (
     OutboundRequest,
     Outcome,
@@ -53,12 +55,22 @@ def sign(secret: str, timestamp: int) -> str:
     return base64.b64encode(hmac.new(key, b"", hashlib.sha256).digest()).decode()
 
 
+@dataclass(frozen=True)
+class FeishuOptions:
+    """What a Feishu or Lark bot takes besides the shared settings."""
+
+    secret: Secret | None = option(
+        secret=True, help="the bot's signature secret: messages are signed in the body"
+    )
+
+
 @register
 class Feishu(Target):
     """A Feishu or Lark custom bot."""
 
     kind = "feishu"
-    secrets = ("url", "secret")
+    options_type = FeishuOptions
+    options: FeishuOptions
     min_interval = 0.6
 
     def request(self, notifications: Sequence[Notification], now: float) -> OutboundRequest:
@@ -78,10 +90,10 @@ class Feishu(Target):
             )
             color = "red" if notification.status == "firing" else "green"
         document: dict[str, Any] = {}
-        if self.config.secret is not None:
+        if self.options.secret is not None:
             stamp = int(now)
             document["timestamp"] = str(stamp)
-            document["sign"] = sign(self.config.secret.value, stamp)
+            document["sign"] = sign(self.options.secret.value, stamp)
         document["msg_type"] = "interactive"
         document["card"] = {
             "config": {"wide_screen_mode": True},

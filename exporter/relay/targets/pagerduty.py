@@ -15,11 +15,19 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from exporter.relay.payload import Alert, Notification
-from exporter.relay.targets.base import OutboundRequest, Target, json_body, register
+from exporter.relay.target_config import Secret, option
+from exporter.relay.targets.base import (
+    OutboundRequest,
+    Target,
+    json_body,
+    parse_http_url,
+    register,
+)
 from exporter.relay.templates import (
     AlertView,
     alert_name,
@@ -60,27 +68,39 @@ def severity(notification: Notification) -> str:
     return "error" if "page" in found else "warning"
 
 
+@dataclass(frozen=True)
+class PagerDutyOptions:
+    """What a PagerDuty integration takes besides the shared settings."""
+
+    routing_key: Secret = option(
+        required=True, secret=True, help="the service's Events API v2 integration key"
+    )
+    # The shared `url` again, optional here: the Events API is the same for every account.
+    url: Secret | None = option(
+        parse_http_url, secret=True, help=f"the Events API (default {EVENTS_URL})"
+    )
+
+
 @register
 class PagerDuty(Target):
     """A PagerDuty service's Events API v2 integration."""
 
     kind = "pagerduty"
-    required = ("routing_key",)
-    secrets = ("url", "routing_key")
+    options_type = PagerDutyOptions
+    options: PagerDutyOptions
     min_interval = 0.5
     digests = False
 
     @property
     def url(self) -> str:
         """The Events API, or the configured URL."""
-        return self.config.url.value if self.config.url else EVENTS_URL
+        return self.options.url.value if self.options.url else EVENTS_URL
 
     def request(self, notifications: Sequence[Notification], now: float) -> OutboundRequest:
         """A trigger while the group fires, a resolve once it is resolved."""
         notification = notifications[0]
-        assert self.config.routing_key is not None
         event: dict[str, Any] = {
-            "routing_key": self.config.routing_key.value,
+            "routing_key": self.options.routing_key.value,
             "dedup_key": dedup_key(notification),
         }
         if notification.status == "resolved":

@@ -15,8 +15,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from exporter.relay.payload import Notification
+from exporter.relay.target_config import Secret, option
 from exporter.relay.targets.base import OutboundRequest, Target, register
 
 
@@ -26,12 +28,25 @@ def signature(secret: str, body: bytes, timestamp: int) -> str:
     return f"t={timestamp},v1={hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()}"
 
 
+@dataclass(frozen=True)
+class WebhookOptions:
+    """What a generic webhook takes besides the shared settings."""
+
+    secret: Secret | None = option(
+        secret=True, help="signs each request: the X-Gpuload-Signature header"
+    )
+    content_type: str = option(
+        default="application/json", help="the Content-Type header, for a template's text"
+    )
+
+
 @register
 class Webhook(Target):
     """Any HTTP endpoint taking Alertmanager's webhook JSON."""
 
     kind = "webhook"
-    secrets = ("url", "secret")
+    options_type = WebhookOptions
+    options: WebhookOptions
     digests = False
 
     def request(self, notifications: Sequence[Notification], now: float) -> OutboundRequest:
@@ -41,10 +56,10 @@ class Webhook(Target):
         body = (custom if custom is not None else notification.to_json()).encode()
         stamp = int(now)
         headers = {
-            "Content-Type": self.config.content_type,
+            "Content-Type": self.options.content_type,
             "X-Gpuload-Timestamp": str(stamp),
             "X-Gpuload-Dedup-Key": notification.dedup_key(),
         }
-        if self.config.secret is not None:
-            headers["X-Gpuload-Signature"] = signature(self.config.secret.value, body, stamp)
+        if self.options.secret is not None:
+            headers["X-Gpuload-Signature"] = signature(self.options.secret.value, body, stamp)
         return OutboundRequest(self.url, body, headers)
