@@ -6,10 +6,12 @@ registry, the metrics profiles and the golden files; no daemon runs here.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from exporter.collectors import REGISTRY
-from tools import ROOT, metrics_docs
+from tools import ROOT, metrics_docs, regenerate
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +60,20 @@ def test_a_family_no_golden_file_shows_names_the_command() -> None:
 def test_a_document_without_the_markers_is_refused() -> None:
     with pytest.raises(ValueError, match="no block between"):
         metrics_docs.with_block("# a document\n", "metrics tables", "| a |")
+
+
+def test_check_names_a_stale_file_and_writes_nothing(tmp_path: Path) -> None:
+    stale = tmp_path / "derived.txt"
+    stale.write_text("old\n")
+    part = regenerate.file_part(lambda: {stale: "new\n"})
+    assert part(True) == [stale]
+    assert stale.read_text() == "old\n"
+    assert part(False) == [stale]
+    assert stale.read_text() == "new\n"
+    assert part(True) == []
+
+
+def test_an_unknown_part_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        regenerate.main(["--check", "readme"])
+    assert "expected some of rules, dashboards, chart, golden, docs" in capsys.readouterr().err

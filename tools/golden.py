@@ -61,6 +61,8 @@ NON_DETERMINISTIC = re.compile(
     r"|gpuload_collection_duration_seconds)"
 )
 
+# Seconds between two polls of the daemon while it starts and while its output settles.
+_POLL_SECONDS = 0.1
 _LAST_COLLECTION = re.compile(r"^gpuload_last_collection_timestamp_seconds (\S+)$", re.M)
 _LISTENING = re.compile(r"listening on (https?://\S+/)")
 
@@ -163,7 +165,7 @@ def _wait_ready(url: str) -> None:
     while time.monotonic() < deadline:
         if requests.get(url + "readyz", timeout=10).status_code == 200:
             return
-        time.sleep(0.05)
+        time.sleep(_POLL_SECONDS)
     raise RuntimeError(f"{url}readyz did not answer 200")
 
 
@@ -184,5 +186,5 @@ def settled_scrape(metrics_url: str) -> str:
             if agreeing == 2:
                 return text
             previous = text
-        time.sleep(0.1)
+        time.sleep(_POLL_SECONDS)
     raise RuntimeError(f"{metrics_url} did not settle")

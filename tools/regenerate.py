@@ -39,7 +39,7 @@ def _dashboards() -> dict[Path, str]:
     return {dashboards.DASHBOARDS_DIR / name: text for name, text in rendered.items()}
 
 
-def _sync(expected: Callable[[], dict[Path, str]]) -> Callable[[bool], list[Path]]:
+def file_part(expected: Callable[[], dict[Path, str]]) -> Callable[[bool], list[Path]]:
     """A part that writes the files `expected` returns: the stale ones, written unless checking."""
 
     def run(check: bool) -> list[Path]:
@@ -62,11 +62,11 @@ def _chart(check: bool) -> list[Path]:
 
 
 PARTS: dict[str, Callable[[bool], list[Path]]] = {
-    "rules": _sync(_rule_files),
-    "dashboards": _sync(_dashboards),
+    "rules": file_part(_rule_files),
+    "dashboards": file_part(_dashboards),
     "chart": _chart,
-    "golden": _sync(golden.expected_files),
-    "docs": _sync(metrics_docs.expected_files),
+    "golden": file_part(golden.expected_files),
+    "docs": file_part(metrics_docs.expected_files),
 }
 
 
