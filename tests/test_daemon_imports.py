@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 from helpers import ROOT
-from kubelet_helpers import remove, short_socket_dir
 
 from exporter.collectors import REGISTRY
+from tools.kubelet import remove, short_socket_dir
 
 # In the daemon's process: serve with every collector on, wait for the first snapshot (each
 # collector has run once, the kubernetes one has looked for its socket), fetch the status page

@@ -37,9 +37,9 @@ from pathlib import Path
 import pytest
 import requests
 from helpers import Daemon, parse_metrics, series, start_daemon, value_of
-from kubelet_helpers import FakeKubelet, Pod, short_socket_dir
 
 from exporter import nvml, sim
+from tools.kubelet import FakeKubelet, Pod, short_socket_dir
 
 INTERVAL = "250ms"
 # Seconds after the epoch when the faults start, at the first start of the daemons (twice as

@@ -33,7 +33,6 @@ import pytest
 import requests
 import yaml
 from helpers import ROOT, Daemon, follow, series, value_of, wait_until
-from kubelet_helpers import FakeKubelet, Pod
 from test_helm_chart import (
     CHART,
     NAMESPACE,
@@ -49,6 +48,7 @@ from test_web_config import Authority
 
 from exporter import config, nvml, sim
 from exporter.collectors import REGISTRY
+from tools.kubelet import FakeKubelet, Pod
 
 DOCS = ROOT / "docs" / "kubernetes.md"
 CRDS = Path(__file__).parent / "data" / "crds"

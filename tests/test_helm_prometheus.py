@@ -26,10 +26,10 @@ import pytest
 import requests
 import yaml
 from helpers import Daemon, parse_metrics, run_prometheus, series, wait_until
-from kubelet_helpers import FakeKubelet, Pod, short_socket_dir
 from test_helm_chart import render_objects
 
 from tools import chart as chart_files
+from tools.kubelet import FakeKubelet, Pod, short_socket_dir
 
 PROMETHEUS = shutil.which("prometheus")
 pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="needs Debian's prometheus")

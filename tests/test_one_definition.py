@@ -47,6 +47,11 @@ NOT_THRESHOLDS = {
     ("exporter/relay/targets/pagerduty.py", "min_interval = 0.5"): "seconds between two events",
     ("tools/dashboards/grafana.py", '"exponent": 0.5,'): "a panel's colour scale",
     ("tools/conformance.py", "time.sleep(0.05)"): "seconds between polls",
+    ("tools/golden.py", "_POLL_SECONDS = 0.1"): "seconds between polls",
+    (
+        "tools/kubelet.py",
+        "while self.hanging.is_set() and not self._released.wait(0.05):",
+    ): "seconds between checks for a cancelled call",
 }
 
 

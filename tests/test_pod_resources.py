@@ -20,7 +20,6 @@ from pathlib import Path
 import grpc
 import pytest
 from helpers import exposition_text, parse_metrics, series, value_of, wait_until
-from kubelet_helpers import FakeKubelet, Pod, remove, short_socket_dir
 
 from exporter import nvml, sim
 from exporter.collection import Collection
@@ -30,6 +29,7 @@ from exporter.kubernetes import Allocation, PodResourcesError
 from exporter.kubernetes import podresources_v1_pb2 as api
 from exporter.kubernetes.podresources import PodResourcesClient
 from exporter.snapshot import Snapshot
+from tools.kubelet import FakeKubelet, Pod, remove, short_socket_dir
 
 GPU = "nvidia.com/gpu"
 

@@ -22,8 +22,8 @@ moment recorded and compares the two /metrics, series by series:
   processes, so gpu_process_sm_utilization_ratio of a GPU with several processes comes from the
   recorded utilization, a whole percent as NVML gives it, and may round differently by 0.01.
 - The families that differ between two runs of one pinned scenario are left out, as in the
-  golden-file test (its NON_DETERMINISTIC: timestamps, durations, the process's own resource
-  use, PCIe byte counters integrated over wall-clock time).
+  golden files (NON_DETERMINISTIC in tools/golden.py: timestamps, durations, the process's own
+  resource use, PCIe byte counters integrated over wall-clock time).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import ROOT, Daemon, parse_metrics
-from test_golden import NON_DETERMINISTIC
 
 from exporter.sim.recording import masked_process_name, masked_serial, masked_uuid
+from tools.golden import NON_DETERMINISTIC
 
 SEED = "7"
 COUNTS = re.compile(

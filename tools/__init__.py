@@ -3,13 +3,16 @@
 Nothing here ships: the wheel and the image carry ``exporter`` only, and ``exporter`` never
 imports ``tools``. Run each from the repository root:
 
+- ``python -m tools.regenerate`` (``scripts/regenerate``) runs every generator below that writes
+  a committed file, then the golden files (``tools.golden``) and the docs' metrics tables
+  (``tools.metrics_docs``);
 - ``python -m tools.render_rules`` writes ``alert_rules/*.rules.yml`` from the thresholds;
 - ``python -m tools.dashboards.render`` writes ``grafana/dashboards/*.json``;
 - ``python -m tools.chart`` (``scripts/refresh-chart``) copies both into the Helm chart;
 - ``python -m tools.vectors --out DIR`` writes the rule vectors as promtool test files;
 - ``python -m tools.conformance DIR`` compares gpuload on recorded machines with nvidia-smi.
 
-``--check`` on the first three exits 1 when a committed file is stale; the tests run it.
+``--check`` on the first four exits 1 when a committed file is stale; the tests check the same.
 """
 
 from pathlib import Path

@@ -18,6 +18,20 @@ from exporter.collectors.base import Family, Reader, Sample, SlowReads, register
 from exporter.nvml import Device
 from exporter.nvml.device import CLOCK_TYPES
 
+# Reason label -> NVML bit. sw_thermal/hw_thermal/hw_slowdown/sw_power_cap are the
+# ones that cost performance; gpu_idle is the normal state of an unused GPU.
+REASONS = {
+    "gpu_idle": pynvml.nvmlClocksEventReasonGpuIdle,
+    "applications_clocks": pynvml.nvmlClocksEventReasonApplicationsClocksSetting,
+    "sw_power_cap": pynvml.nvmlClocksEventReasonSwPowerCap,
+    "hw_slowdown": pynvml.nvmlClocksEventReasonHwSlowdown,
+    "sync_boost": pynvml.nvmlClocksEventReasonSyncBoost,
+    "sw_thermal": pynvml.nvmlClocksEventReasonSwThermalSlowdown,
+    "hw_thermal": pynvml.nvmlClocksEventReasonHwThermalSlowdown,
+    "hw_power_brake": pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown,
+    "display_clocks": pynvml.nvmlClocksEventReasonDisplayClockSetting,
+}
+
 FAMILIES = (
     Family(
         "gpu_clock_hertz",
@@ -35,24 +49,10 @@ FAMILIES = (
         "gpu_clock_event_active",
         "gauge",
         "1 while this reason holds the clocks down, else 0 "
-        "(nvmlDeviceGetCurrentClocksEventReasons).",
+        f"(nvmlDeviceGetCurrentClocksEventReasons); reasons: {', '.join(REASONS)}.",
         ("reason",),
     ),
 )
-
-# Reason label -> NVML bit. sw_thermal/hw_thermal/hw_slowdown/sw_power_cap are the
-# ones that cost performance; gpu_idle is the normal state of an unused GPU.
-REASONS = {
-    "gpu_idle": pynvml.nvmlClocksEventReasonGpuIdle,
-    "applications_clocks": pynvml.nvmlClocksEventReasonApplicationsClocksSetting,
-    "sw_power_cap": pynvml.nvmlClocksEventReasonSwPowerCap,
-    "hw_slowdown": pynvml.nvmlClocksEventReasonHwSlowdown,
-    "sync_boost": pynvml.nvmlClocksEventReasonSyncBoost,
-    "sw_thermal": pynvml.nvmlClocksEventReasonSwThermalSlowdown,
-    "hw_thermal": pynvml.nvmlClocksEventReasonHwThermalSlowdown,
-    "hw_power_brake": pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown,
-    "display_clocks": pynvml.nvmlClocksEventReasonDisplayClockSetting,
-}
 
 _MHZ = 1_000_000
 # Clocks above 100 GHz do not exist: such a reading is corrupt.

@@ -33,6 +33,7 @@ state until NVML says the link does not exist.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from functools import partial
 
 import pynvml
@@ -44,7 +45,8 @@ PER_LINK = (
     Family(
         "gpu_nvlink_link_up",
         "gauge",
-        "1 while the NVLink link is active (nvmlDeviceGetNvLinkState), else 0.",
+        "1 while the NVLink link is active, else 0 (field NVML_FI_DEV_NVLINK_GET_STATE, else "
+        "nvmlDeviceGetNvLinkState).",
         ("link",),
     ),
     Family(
@@ -62,13 +64,15 @@ PER_LINK = (
     Family(
         "gpu_nvlink_link_replay_errors_total",
         "counter",
-        "Data-link replays on the link (nvmlDeviceGetNvLinkErrorCounter DL_REPLAY).",
+        "Data-link replays on the link (field NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY, else "
+        "nvmlDeviceGetNvLinkErrorCounter DL_REPLAY).",
         ("link",),
     ),
     Family(
         "gpu_nvlink_link_recovery_errors_total",
         "counter",
-        "Data-link recoveries on the link (nvmlDeviceGetNvLinkErrorCounter DL_RECOVERY).",
+        "Data-link recoveries on the link (field NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY, else "
+        "nvmlDeviceGetNvLinkErrorCounter DL_RECOVERY).",
         ("link",),
     ),
     Family(
@@ -88,6 +92,8 @@ TOTALS = {
     "gpu_nvlink_recovery_errors_total": "gpu_nvlink_link_recovery_errors_total",
 }
 _PER_LINK_HELP = {family.name: family.help for family in PER_LINK}
+# 108 series on an H100: exported only where asked for (docs/fleet.md).
+_PER_LINK_ONLY = "Only with collectors.nvlink.per_link: true."
 FAMILIES = (
     *(
         Family(total, "counter", _PER_LINK_HELP[link].replace("the link", "all its links", 1))
@@ -96,16 +102,16 @@ FAMILIES = (
     Family(
         "gpu_nvlink_links_up",
         "gauge",
-        "NVLink links active (nvmlDeviceGetNvLinkState).",
+        "NVLink links active (field NVML_FI_DEV_NVLINK_GET_STATE, else nvmlDeviceGetNvLinkState).",
     ),
     Family(
         "gpu_nvlink_link_down",
         "gauge",
         "1 for each inactive link of a GPU with at least one active link; no series while "
-        "every link is up.",
+        "every link is up (field NVML_FI_DEV_NVLINK_GET_STATE, else nvmlDeviceGetNvLinkState).",
         ("link",),
     ),
-    *PER_LINK,
+    *(replace(family, help=f"{family.help} {_PER_LINK_ONLY}") for family in PER_LINK),
 )
 
 # (family, field id, nvmlDeviceGetNvLinkErrorCounter counter): read as field values, the

@@ -1,4 +1,7 @@
-"""A fake kubelet: a real gRPC PodResourcesLister (List, Get) on a unix socket."""
+"""A fake kubelet: a real gRPC PodResourcesLister (List, Get) on a unix socket.
+
+The golden files (``tools/golden.py``) and the tests allocate GPUs to pods with it.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +11,25 @@ import threading
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 
+from exporter import nvml, sim
 from exporter.kubernetes import podresources_v1_pb2 as api
 
 
 @dataclass
 class Pod:
+    """A pod the fake kubelet reports, with the devices allocated to each container."""
+
     namespace: str
     name: str
     # container name -> [(resource name, [device ids])]
     containers: dict[str, list[tuple[str, list[str]]]] = field(default_factory=dict)
 
     def message(self) -> api.PodResources:
+        """The pod as the PodResources API describes it."""
         return api.PodResources(
             name=self.name,
             namespace=self.namespace,
@@ -53,7 +61,7 @@ class FakeKubelet:
         self.hanging = threading.Event()
         self._released = threading.Event()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        handlers = {
+        handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
             "List": grpc.unary_unary_rpc_method_handler(
                 self._list,
                 request_deserializer=api.ListPodResourcesRequest.FromString,
@@ -71,10 +79,12 @@ class FakeKubelet:
         self._server.add_insecure_port(f"unix:{socket_path}")
 
     def start(self) -> FakeKubelet:
+        """Start serving; return self."""
         self._server.start()
         return self
 
     def stop(self) -> None:
+        """Release any hanging call and stop serving."""
         self._released.set()
         self._server.stop(grace=None)
 
@@ -110,6 +120,7 @@ def short_socket_dir() -> Path:
 
 
 def remove(folder: Path) -> None:
+    """Remove a socket's folder and what is in it."""
     shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -119,8 +130,6 @@ def mig_node_kubelet(scenario: str, seed: int) -> tuple[FakeKubelet, Path]:
     Returns the started server and a gpuload config file pointing the kubernetes
     collector at it (in the socket's folder, removed by `stop_and_remove`).
     """
-    from exporter import nvml, sim
-
     sim.install(scenario, seed=seed, pinned_time=0)
     nvml.init()
     try:
@@ -141,5 +150,6 @@ def mig_node_kubelet(scenario: str, seed: int) -> tuple[FakeKubelet, Path]:
 
 
 def stop_and_remove(server: FakeKubelet) -> None:
+    """Stop the kubelet and remove its socket's folder."""
     server.stop()
     remove(server.socket_path.parent)
