@@ -34,7 +34,7 @@ from exporter.settings import (
 
 if TYPE_CHECKING:
     from exporter.relay.config import RelayConfig
-    from exporter.server.webconfig import WebSecurity
+    from exporter.web.webconfig import WebSecurity
 
 DEFAULT_PORT = 19400
 
@@ -291,7 +291,7 @@ def load(
 def _web_security(path: str, where: str) -> WebSecurity:
     # Imported here: bcrypt, which the web config module imports, stays out of a daemon
     # without a web config file.
-    from exporter.server import webconfig
+    from exporter.web import webconfig
 
     return webconfig.load_setting(path, where)
 

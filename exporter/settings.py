@@ -6,7 +6,7 @@ configuration), the parser, the default, and the flag with its help where it has
 layers, the error messages, the command-line flags and the typed object all come from the table.
 
 `exporter.config` (gpuload serve's settings), `exporter.relay.settings` (the relay's) and
-`exporter.server.webconfig` (the web config file) build on this module; it imports none of them.
+`exporter.web.webconfig` (the web config file) build on this module; it imports none of them.
 """
 
 from __future__ import annotations

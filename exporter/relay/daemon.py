@@ -18,7 +18,7 @@ from exporter.relay.metrics import RelayMetrics
 from exporter.relay.queue import Corrupt, Queue
 from exporter.relay.server import RelayApplication
 from exporter.relay.templates import MessageSettings
-from exporter.server.wsgi import Server
+from exporter.web.server import Server
 
 log = logging.getLogger(__name__)
 

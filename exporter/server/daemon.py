@@ -20,8 +20,8 @@ from exporter.collection import Collection
 from exporter.config import Config
 from exporter.server.http import Application
 from exporter.server.status import StatusPage
-from exporter.server.wsgi import Server
 from exporter.snapshot import Snapshot
+from exporter.web.server import Server
 
 if TYPE_CHECKING:
     from exporter.sim import SimulatedNvml

@@ -33,10 +33,10 @@ from socketserver import StreamRequestHandler, TCPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from exporter.server.answers import PREFLIGHTED, Answer, Preflight
+from exporter.web.answers import PREFLIGHTED, Answer, Preflight
 
 if TYPE_CHECKING:
-    from exporter.server.webconfig import Watcher, WebSecurity
+    from exporter.web.webconfig import Watcher, WebSecurity
 
 log = logging.getLogger(__name__)
 
@@ -661,7 +661,7 @@ class Server:
         watcher = None
         if security is not None:
             # Imported here: bcrypt stays out of a process without a web config.
-            from exporter.server.webconfig import Guard, Watcher
+            from exporter.web.webconfig import Guard, Watcher
 
             watcher = Watcher(security)
             app = Guard(app, watcher)
