@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sqlite3
 import threading
 import time
 from pathlib import Path
-from types import FrameType
 
 from exporter.relay import targets
 from exporter.relay.config import RelayConfig
@@ -19,6 +17,7 @@ from exporter.relay.queue import Corrupt, Queue
 from exporter.relay.server import RelayApplication
 from exporter.relay.templates import MessageSettings
 from exporter.web.server import Server
+from exporter.web.signals import stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -138,13 +137,7 @@ def serve(config: RelayConfig, *, stop: threading.Event | None = None) -> int:
         log.error("cannot listen on %s: %s", config.web.listen_address, error.strerror or error)
         return 1
     stop = stop or threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_on_signals(stop)
     relay.start()
     auth = (
         "bearer token"

@@ -6,13 +6,11 @@ import gc
 import logging
 import math
 import os
-import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from exporter.alerting.local import LocalAlerting
@@ -22,6 +20,7 @@ from exporter.server.http import Application
 from exporter.server.status import StatusPage
 from exporter.snapshot import Snapshot
 from exporter.web.server import Server
+from exporter.web.signals import stop_on_signals
 
 if TYPE_CHECKING:
     from exporter.sim import SimulatedNvml
@@ -194,13 +193,7 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         scenario=config.simulate.scenario,
     )
     stop = stop or threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_on_signals(stop)
 
     enabled = sorted(name for name, on in config.collectors.items() if on)
     if alerting is not None:
