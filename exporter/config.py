@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from exporter.settings import (
     LOG_SETTINGS,
+    RESERVED_ENV_PREFIXES,
     ConfigError,
     LogConfig,
     Setting,
@@ -211,9 +212,8 @@ SETTINGS = Settings(
     program="gpuload",
     # `alerting` is a structure of its own (the relay's targets and route among its keys).
     structures=("alerting",),
-    # Variables of others: the simulated NVML in programs started by `gpuload sim exec`, and
-    # the relay's settings, which may share an environment with the exporter.
-    reserved=("GPULOAD_SIM_", "GPULOAD_RELAY_"),
+    # Variables of others: the simulator's and the relay's (exporter/settings.py says why).
+    reserved=RESERVED_ENV_PREFIXES,
 )
 
 
