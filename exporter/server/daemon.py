@@ -13,8 +13,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exporter.alerting.local import LocalAlerting
+from exporter.alerting import states, thresholds
+from exporter.alerting.local import LocalAlerting, instance_label
 from exporter.collection import Collection
+from exporter.collectors.processes import resolve_host_pid_namespace
 from exporter.config import Config
 from exporter.server.http import Application
 from exporter.server.status import StatusPage
@@ -60,8 +62,6 @@ def _collector_options(
     The kernel says whether gpuload runs in the host's PID namespace; on a simulated node the
     scenario's caller says it, as the simulated driver hides the processes from the same caller.
     """
-    from exporter.collectors.processes import resolve_host_pid_namespace
-
     options = {name: dict(values) for name, values in config.collector_options.items()}
     processes = options.get("processes")
     if processes is not None and processes.get("host_pid_namespace") == "auto":
@@ -77,10 +77,6 @@ def _collector_options(
 
 def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
     port = int(external_url.rstrip("/").rsplit(":", 1)[1])
-    # Imported here: the thresholds file is read only by a daemon that evaluates them.
-    from exporter.alerting import states, thresholds
-    from exporter.alerting.local import instance_label
-
     settings = config.alerting
     path = settings.thresholds_file or thresholds.DEFAULT_PATH
     if settings.delivery is None and not Path(path).exists():
