@@ -153,13 +153,13 @@ class AlertStore:
 
 
 class Notifier:
-    """The relay's queue and one delivery worker per target, inside the exporter."""
+    """The relay's engine (its queue and a delivery worker per target), inside the exporter."""
 
     def __init__(self, config: RelayConfig, external_url: str) -> None:
         self._config = config
         self._external_url = external_url
         self.engine = Engine(config)
-        self.queue, self.metrics = self.engine.queue, self.engine.metrics
+        self.queue = self.engine.queue
 
     def start(self) -> None:
         """Start the delivery workers (they also deliver what an earlier run left queued)."""

@@ -27,11 +27,11 @@ class Relay:
     def __init__(self, config: RelayConfig) -> None:
         self.config = config
         self.engine = Engine(config, quiet=self._quiet)
-        self.queue, self.metrics = self.engine.queue, self.engine.metrics
+        self.queue = self.engine.queue
         self.app = RelayApplication(
             queue=self.queue,
             route=config.route,
-            metrics=self.metrics,
+            metrics=self.engine.metrics,
             auth=config.web.auth,
             path=config.web.path,
             max_body_bytes=config.web.max_body_bytes,
