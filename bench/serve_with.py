@@ -2,7 +2,7 @@
 
 One process (gunicorn: its master and one worker) collects a simulated node every second and
 serves gpuload's WSGI application with SERVER on 127.0.0.1:PORT, until it is terminated:
-- ``gpuload``: gpuload's own `exporter.server.wsgi.Server`, a thread per connection;
+- ``gpuload``: gpuload's own `exporter.web.server.Server`, a thread per connection;
 - ``cheroot``: `cheroot.wsgi.Server`, 16 threads;
 - ``waitress``: `waitress.serve`, 16 threads;
 - ``gunicorn``: 1 ``gthread`` worker with 16 threads.
@@ -80,7 +80,7 @@ def serve(server: str, port: int, scenario: str, cycles_file: str | None) -> Non
         return
     app = build(scenario, cycles_file)
     if server == "gpuload":
-        from exporter.server.wsgi import Server
+        from exporter.web.server import Server
 
         Server(f"127.0.0.1:{port}", app).start()
         threading.Event().wait()

@@ -1,6 +1,6 @@
 """``python -m bench.servers``: gpuload's own HTTP server against maintained ones, same app.
 
-Whether `exporter.server.wsgi.Server` (hand-written, a thread per connection) earns its keep
+Whether `exporter.web.server.Server` (hand-written, a thread per connection) earns its keep
 against cheroot (a pool of 16 threads), waitress (16 threads) and gunicorn (1 ``gthread`` worker,
 16 threads). Each serves the same WSGI application, gpuload's /metrics over a simulated
 16 x H100 node collected every second with every collector on, in one process of its own
@@ -434,7 +434,7 @@ def main() -> int:
             "it, its answer kept for the next) behind each server, in the process that collects "
             "(gunicorn: its master and 1 `gthread` worker, which collects), one server at a time, "
             "in alternating order: one figure per round. cheroot, waitress and gunicorn with "
-            f"{THREADS} threads; gpuload's `exporter.server.wsgi.Server` a thread per connection. "
+            f"{THREADS} threads; gpuload's `exporter.web.server.Server` a thread per connection. "
             f"After {WARM_UP:.0f} s of warm-up: CPU over {IDLE:.0f} s without scrapes "
             f"(`idle`), then {ALONE} back-to-back scrapes from 1 scraper, then {SCRAPERS} "
             f"scrapers (processes) back to back for {WINDOW:.0f} s, each scrape on a new "

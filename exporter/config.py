@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from exporter.settings import (
     LOG_SETTINGS,
+    RESERVED_ENV_PREFIXES,
     ConfigError,
     LogConfig,
     Setting,
@@ -34,7 +35,7 @@ from exporter.settings import (
 
 if TYPE_CHECKING:
     from exporter.relay.config import RelayConfig
-    from exporter.server.webconfig import WebSecurity
+    from exporter.web.webconfig import WebSecurity
 
 DEFAULT_PORT = 19400
 
@@ -211,9 +212,8 @@ SETTINGS = Settings(
     program="gpuload",
     # `alerting` is a structure of its own (the relay's targets and route among its keys).
     structures=("alerting",),
-    # Variables of others: the simulated NVML in programs started by `gpuload sim exec`, and
-    # the relay's settings, which may share an environment with the exporter.
-    reserved=("GPULOAD_SIM_", "GPULOAD_RELAY_"),
+    # Variables of others: the simulator's and the relay's (exporter/settings.py says why).
+    reserved=RESERVED_ENV_PREFIXES,
 )
 
 
@@ -291,7 +291,7 @@ def load(
 def _web_security(path: str, where: str) -> WebSecurity:
     # Imported here: bcrypt, which the web config module imports, stays out of a daemon
     # without a web config file.
-    from exporter.server import webconfig
+    from exporter.web import webconfig
 
     return webconfig.load_setting(path, where)
 

@@ -6,7 +6,7 @@ configuration), the parser, the default, and the flag with its help where it has
 layers, the error messages, the command-line flags and the typed object all come from the table.
 
 `exporter.config` (gpuload serve's settings), `exporter.relay.settings` (the relay's) and
-`exporter.server.webconfig` (the web config file) build on this module; it imports none of them.
+`exporter.web.webconfig` (the web config file) build on this module; it imports none of them.
 """
 
 from __future__ import annotations
@@ -26,9 +26,12 @@ from typing import Any, TypeVar
 import yaml
 
 ENV_PREFIX = "GPULOAD_"
-# Variables of others: the simulated NVML in programs started by `gpuload sim exec`, and
-# the relay's settings, which may share an environment with the exporter.
-_RESERVED_ENV_PREFIXES = ("GPULOAD_SIM_", "GPULOAD_RELAY_")
+# The relay's settings, which may share an environment with the exporter's.
+RELAY_ENV_PREFIX = f"{ENV_PREFIX}RELAY_"
+# The simulated NVML's, in programs started by `gpuload sim exec` (exporter/sim/installer.py).
+SIM_ENV_PREFIX = f"{ENV_PREFIX}SIM_"
+# Variables under ENV_PREFIX that are not the exporter's settings: its table skips them.
+RESERVED_ENV_PREFIXES = (SIM_ENV_PREFIX, RELAY_ENV_PREFIX)
 
 
 def one_line(text: str) -> str:
@@ -355,7 +358,7 @@ def read_env(
     settings: Collection[str],
     *,
     prefix: str = ENV_PREFIX,
-    skip: tuple[str, ...] = _RESERVED_ENV_PREFIXES,
+    skip: tuple[str, ...] = RESERVED_ENV_PREFIXES,
     program: str = "gpuload",
 ) -> dict[str, Any]:
     """The settings given as `prefix`+KEY_PATH variables; any other such variable is an error."""

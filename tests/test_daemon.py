@@ -9,9 +9,11 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from helpers import ROOT, Daemon, free_port, gpuload, series, value_of, wait_until
+from relay_helpers import start_relay_process, write_config
 
 
 def test_without_nvml_the_daemon_stays_up_and_says_why(daemon_factory) -> None:
@@ -42,13 +44,29 @@ def test_without_nvml_the_daemon_stays_up_and_says_why(daemon_factory) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_stops_the_daemon_cleanly(daemon_factory, sig: int) -> None:
-    daemon = daemon_factory()
-    # A daemon that ignores the signal or hangs in its shutdown fails here (TimeoutExpired),
-    # however fast or slow this machine is.
-    daemon.stop(sig)
+@pytest.mark.parametrize("program", ["serve", "relay"])
+def test_signal_stops_either_daemon_cleanly_through_the_shared_handler(
+    daemon_factory, tmp_path: Path, program: str, sig: int
+) -> None:
+    if program == "serve":
+        daemon = daemon_factory()
+    else:
+        # A target that is never reached: nothing is posted.
+        target = {"type": "webhook", "url": "http://127.0.0.1:9/hook"}
+        config = {"targets": {"hook": target}, "route": {"targets": ["hook"]}}
+        daemon = start_relay_process(write_config(tmp_path, config))
+    try:
+        # A daemon that ignores the signal or hangs in its shutdown fails here
+        # (TimeoutExpired), however fast or slow this machine is.
+        daemon.stop(sig)
+    finally:
+        if daemon.process.poll() is None:
+            daemon.process.kill()
     assert daemon.process.returncode == 0
     wait_until(lambda: "stopped" in daemon.log(), what="the stop to be logged")
+    # Said by exporter.web.signals, the one handler both daemons install.
+    said = f"exporter.web.signals: received {signal.Signals(sig).name}, shutting down"
+    assert said in daemon.log()
 
 
 def test_metrics_honour_gzip_and_openmetrics(daemon_factory) -> None:

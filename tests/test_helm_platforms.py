@@ -658,7 +658,7 @@ def pod_python() -> Iterator[str]:
 
 def _runs_as_nobody(interpreter: str) -> bool:
     """Whether uid 65534 can run gpuload's web config module with it."""
-    probe = "import exporter.server.webconfig"
+    probe = "import exporter.web.webconfig"
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
     done = subprocess.run(
         [*nobody, interpreter, "-c", probe], cwd=ROOT, check=False, capture_output=True

@@ -48,7 +48,7 @@ from helpers import ROOT, start_daemon, wait_until
 from relay_helpers import in_thread, notification, start_relay_process, write_config
 from test_web_config import HASH, PASSWORD, Authority, basic, write_web_config
 
-from exporter.server.wsgi import MAX_CONNECTIONS, REQUEST_TIMEOUT
+from exporter.web.server import MAX_CONNECTIONS, REQUEST_TIMEOUT
 
 SLOW = 2000
 BODIES = 300
@@ -679,20 +679,20 @@ def test_three_servers_answer_while_slow_heads_slow_bodies_and_large_heads_hold_
 
 
 def test_the_documented_bounds_are_the_servers() -> None:
-    from exporter.server import wsgi
+    from exporter.web import server as web_server
 
     text = (ROOT / "docs/security.md").read_text()
-    assert f"| connections held | {wsgi.MAX_CONNECTIONS} per listener |" in text
-    assert f"| a request's head and body | within {wsgi.REQUEST_TIMEOUT:g} s of" in text
-    assert f"| idle kept-alive connection | {wsgi.KEEP_ALIVE_TIMEOUT:g} s |" in text
-    head = f"{wsgi.MAX_HEAD // 1024} KiB and {wsgi.MAX_HEADER_LINES} lines"
+    assert f"| connections held | {web_server.MAX_CONNECTIONS} per listener |" in text
+    assert f"| a request's head and body | within {web_server.REQUEST_TIMEOUT:g} s of" in text
+    assert f"| idle kept-alive connection | {web_server.KEEP_ALIVE_TIMEOUT:g} s |" in text
+    head = f"{web_server.MAX_HEAD // 1024} KiB and {web_server.MAX_HEADER_LINES} lines"
     assert f"| request head | {head} |" in text
-    assert f"{wsgi.MAX_BODY // 2**20} MiB on the exporter" in text
-    assert f"| an answer the client does not read | {wsgi.SEND_TIMEOUT:g} s |" in text
+    assert f"{web_server.MAX_BODY // 2**20} MiB on the exporter" in text
+    assert f"| an answer the client does not read | {web_server.SEND_TIMEOUT:g} s |" in text
 
 
 def test_when_full_the_longest_waiting_connection_makes_room_and_else_none_is_admitted() -> None:
-    from exporter.server.wsgi import Connections
+    from exporter.web.server import Connections
 
     connections = Connections(limit=3)
     pairs = [socket.socketpair() for _ in range(5)]
@@ -724,7 +724,7 @@ def test_when_full_the_longest_waiting_connection_makes_room_and_else_none_is_ad
 
 
 def test_when_full_a_connection_whose_body_is_still_coming_makes_room() -> None:
-    from exporter.server.wsgi import Server
+    from exporter.web.server import Server
 
     heads: list[str] = []  # the request heads read whole (the preflight is called on each)
     served: list[str] = []

@@ -23,7 +23,7 @@ import yaml
 from helpers import Daemon, parse_metrics, start_daemon
 from relay_helpers import notification, start_relay_process, write_config
 
-from exporter.server.wsgi import MAX_BODY
+from exporter.web.server import MAX_BODY
 
 USER, PASSWORD = "prometheus", "correct horse battery staple"
 CREDENTIALS = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()

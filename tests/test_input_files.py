@@ -229,7 +229,7 @@ _DOCUMENTS = st.recursive(
 
 
 def _readers() -> dict[str, Callable[[Path], object]]:
-    from exporter.server import webconfig
+    from exporter.web import webconfig
 
     return {
         "serve": lambda path: config.load(file=path, collectors=COLLECTORS),

@@ -37,7 +37,7 @@ NOT_THRESHOLDS = {
         "timeout=max(0.1, interval * 0.8) if clock is None else SCENARIO_TIMEOUT_SECONDS,",
     ): "the shortest collection timeout, in seconds",
     ("exporter/session.py", "_BACKOFF_SLACK_SECONDS = 0.1"): "seconds of scheduling slack",
-    ("exporter/server/wsgi.py", "poll_interval: float = 0.2,"): "seconds between checks for a stop",
+    ("exporter/web/server.py", "poll_interval: float = 0.2,"): "seconds between checks for a stop",
     (
         "exporter/relay/metrics.py",
         "buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),",

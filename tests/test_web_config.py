@@ -38,9 +38,9 @@ from relay_helpers import alert, notification, write_config
 from exporter import config
 from exporter.relay import config as relay_config
 from exporter.relay import settings as relay_settings
-from exporter.server import webconfig
-from exporter.server.answers import PREFLIGHTED
-from exporter.server.wsgi import Server
+from exporter.web import webconfig
+from exporter.web.answers import PREFLIGHTED
+from exporter.web.server import Server
 
 PASSWORD = "correct horse battery staple"
 # Cost 4: the tests are about the checks, not bcrypt's slowness.
@@ -931,7 +931,7 @@ def test_tls_connections_that_never_handshake_are_closed_and_scrapes_go_on(
     pki: PKI, processes: Callable[..., Daemon]
 ) -> None:
     """600 connections that never start TLS: at most 256 held, each closed by its deadline."""
-    from exporter.server.wsgi import MAX_CONNECTIONS, REQUEST_TIMEOUT
+    from exporter.web.server import MAX_CONNECTIONS, REQUEST_TIMEOUT
 
     path = write_web_config(pki.directory, {"tls_server_config": tls_section(pki)}, "tls.yml")
     running = serve(processes, path)

@@ -22,13 +22,10 @@ from typing import Any
 
 from exporter.alerting.evaluator import Alert
 from exporter.alerting.history import Labels
-from exporter.relay import payload, targets
+from exporter.relay import payload
 from exporter.relay.config import RelayConfig
-from exporter.relay.delivery import Worker
-from exporter.relay.metrics import RelayMetrics
-from exporter.relay.queue import Queue
+from exporter.relay.engine import Engine
 from exporter.relay.routes import targets_for
-from exporter.relay.templates import MessageSettings
 
 log = logging.getLogger(__name__)
 
@@ -156,36 +153,21 @@ class AlertStore:
 
 
 class Notifier:
-    """The relay's queue and one delivery worker per target, inside the exporter."""
+    """The relay's engine (its queue and a delivery worker per target), inside the exporter."""
 
     def __init__(self, config: RelayConfig, external_url: str) -> None:
         self._config = config
         self._external_url = external_url
-        self.queue = Queue(config.queue.path, dedup_window=config.queue.dedup_window)
-        settings = MessageSettings(
-            grafana_url=config.message.grafana_url,
-            grafana_dashboard=config.message.grafana_dashboard,
-            timezone=config.message.timezone,
-        )
-        self.metrics = RelayMetrics(self.queue, list(config.targets))
-        self.workers = {
-            name: Worker(targets.build(target, settings), self.queue, config.delivery, self.metrics)
-            for name, target in config.targets.items()
-        }
+        self.engine = Engine(config)
+        self.queue = self.engine.queue
 
     def start(self) -> None:
         """Start the delivery workers (they also deliver what an earlier run left queued)."""
-        for worker in self.workers.values():
-            worker.start()
+        self.engine.start()
 
     def stop(self) -> None:
         """Stop the workers within a second; what is queued stays for the next start."""
-        for worker in self.workers.values():
-            worker.stop()
-        deadline = time.monotonic() + 1.0
-        for worker in self.workers.values():
-            worker.join(timeout=max(deadline - time.monotonic(), 0.0))
-        self.queue.close()
+        self.engine.stop()
 
     def send(self, alerts: Iterable[Alert], now: float | None = None) -> int:
         """Queue notifications for alerts that fired or resolved; how many rows were committed."""
@@ -209,5 +191,5 @@ class Notifier:
             return 0
         for target, queued in results:
             if queued:
-                self.workers[target].wake()
+                self.engine.wake(target)
         return sum(1 for _target, queued in results if queued)

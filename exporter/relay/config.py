@@ -31,7 +31,7 @@ from exporter.settings import (
 
 if TYPE_CHECKING:
     from exporter.relay.targets import Target
-    from exporter.server.webconfig import WebSecurity
+    from exporter.web.webconfig import WebSecurity
 
 __all__ = ["ConfigError", "RelayConfig", "Secret", "TargetConfig", "load", "startup_warnings"]
 
@@ -157,7 +157,7 @@ def load(
         if source == "config file" and file:
             values["web.config_file"] = str(Path(file).parent / values["web.config_file"])
         # Imported here: bcrypt, which the web config module imports, only with such a file.
-        from exporter.server import webconfig
+        from exporter.web import webconfig
 
         where = f"{source} web.config_file"
         security = webconfig.load_setting(values["web.config_file"], where)

@@ -4,21 +4,17 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sqlite3
 import threading
 import time
 from pathlib import Path
-from types import FrameType
 
-from exporter.relay import targets
 from exporter.relay.config import RelayConfig
-from exporter.relay.delivery import Worker
-from exporter.relay.metrics import RelayMetrics
-from exporter.relay.queue import Corrupt, Queue
+from exporter.relay.engine import Engine
+from exporter.relay.queue import Corrupt
 from exporter.relay.server import RelayApplication
-from exporter.relay.templates import MessageSettings
-from exporter.server.wsgi import Server
+from exporter.web.server import Server
+from exporter.web.signals import stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -30,32 +26,17 @@ class Relay:
 
     def __init__(self, config: RelayConfig) -> None:
         self.config = config
-        self.queue = Queue(config.queue.path, dedup_window=config.queue.dedup_window)
-        settings = MessageSettings(
-            grafana_url=config.message.grafana_url,
-            grafana_dashboard=config.message.grafana_dashboard,
-            timezone=config.message.timezone,
-        )
-        self.metrics = RelayMetrics(self.queue, list(config.targets))
-        self.workers = {
-            name: Worker(
-                targets.build(target, settings),
-                self.queue,
-                config.delivery,
-                self.metrics,
-                quiet=self._quiet,
-            )
-            for name, target in config.targets.items()
-        }
+        self.engine = Engine(config, quiet=self._quiet)
+        self.queue = self.engine.queue
         self.app = RelayApplication(
             queue=self.queue,
             route=config.route,
-            metrics=self.metrics,
+            metrics=self.engine.metrics,
             auth=config.web.auth,
             path=config.web.path,
             max_body_bytes=config.web.max_body_bytes,
             max_age=config.queue.max_age,
-            wake=self._wake,
+            wake=self.engine.wake,
         )
         # The application refuses a notification over the limit first, with advice and a metric.
         self.server = Server(
@@ -76,15 +57,9 @@ class Relay:
         """Wait until no notification is being committed, `timeout` seconds at most."""
         return self.app.drain(timeout)
 
-    def _wake(self, target: str) -> None:
-        worker = self.workers.get(target)
-        if worker is not None:
-            worker.wake()
-
     def start(self) -> None:
         """Serve and deliver in the background."""
-        for worker in self.workers.values():
-            worker.start()
+        self.engine.start()
         self._pruner.start()
         self.server.start()
 
@@ -95,12 +70,7 @@ class Relay:
         if not self.app.drain(timeout=2.0):
             log.warning("a commit was still in progress at shutdown; Alertmanager will resend it")
         self._stopped.set()
-        for worker in self.workers.values():
-            worker.stop()
-        deadline = time.monotonic() + 1.0
-        for worker in self.workers.values():
-            worker.join(timeout=max(deadline - time.monotonic(), 0.0))
-        self.queue.close()
+        self.engine.stop()
 
     def _prune(self) -> None:
         while not self._stopped.wait(PRUNE_SECONDS):
@@ -138,13 +108,7 @@ def serve(config: RelayConfig, *, stop: threading.Event | None = None) -> int:
         log.error("cannot listen on %s: %s", config.web.listen_address, error.strerror or error)
         return 1
     stop = stop or threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_on_signals(stop)
     relay.start()
     auth = (
         "bearer token"

@@ -29,7 +29,7 @@ from exporter.relay.config import AuthConfig
 from exporter.relay.metrics import RelayMetrics
 from exporter.relay.queue import Queue
 from exporter.relay.routes import Route, targets_for
-from exporter.server.answers import Answer, refused_unless_preflighted
+from exporter.web.answers import Answer, refused_unless_preflighted
 
 log = logging.getLogger(__name__)
 

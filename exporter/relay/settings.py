@@ -14,6 +14,7 @@ from typing import Any
 
 from exporter.settings import (
     LOG_SETTINGS,
+    RELAY_ENV_PREFIX,
     Setting,
     Settings,
     at_most,
@@ -103,6 +104,6 @@ SETTINGS = Settings(
         *LOG_SETTINGS,
     ],
     program="gpuload relay",
-    prefix="GPULOAD_RELAY_",
+    prefix=RELAY_ENV_PREFIX,
     structures=("targets", "route"),
 )

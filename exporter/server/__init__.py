@@ -1,1 +1,1 @@
-"""Serving: the HTTP endpoint and the `gpuload serve` daemon."""
+"""The `gpuload serve` daemon: its HTTP application (/metrics, the status page) and its loop."""

@@ -6,22 +6,23 @@ import gc
 import logging
 import math
 import os
-import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from exporter.alerting.local import LocalAlerting
+from exporter.alerting import states, thresholds
+from exporter.alerting.local import LocalAlerting, instance_label
 from exporter.collection import Collection
+from exporter.collectors.processes import resolve_host_pid_namespace
 from exporter.config import Config
 from exporter.server.http import Application
 from exporter.server.status import StatusPage
-from exporter.server.wsgi import Server
 from exporter.snapshot import Snapshot
+from exporter.web.server import Server
+from exporter.web.signals import stop_on_signals
 
 if TYPE_CHECKING:
     from exporter.sim import SimulatedNvml
@@ -61,8 +62,6 @@ def _collector_options(
     The kernel says whether gpuload runs in the host's PID namespace; on a simulated node the
     scenario's caller says it, as the simulated driver hides the processes from the same caller.
     """
-    from exporter.collectors.processes import resolve_host_pid_namespace
-
     options = {name: dict(values) for name, values in config.collector_options.items()}
     processes = options.get("processes")
     if processes is not None and processes.get("host_pid_namespace") == "auto":
@@ -78,10 +77,6 @@ def _collector_options(
 
 def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
     port = int(external_url.rstrip("/").rsplit(":", 1)[1])
-    # Imported here: the thresholds file is read only by a daemon that evaluates them.
-    from exporter.alerting import states, thresholds
-    from exporter.alerting.local import instance_label
-
     settings = config.alerting
     path = settings.thresholds_file or thresholds.DEFAULT_PATH
     if settings.delivery is None and not Path(path).exists():
@@ -194,13 +189,7 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
         scenario=config.simulate.scenario,
     )
     stop = stop or threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop_on_signals(stop)
 
     enabled = sorted(name for name, on in config.collectors.items() if on)
     if alerting is not None:

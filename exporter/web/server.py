@@ -2,8 +2,8 @@
 
 One thread per connection, with TLS and basic auth as the web config file says. Framing is read
 strictly (RFC 9112): a head this server could read two ways is refused with a 400, never
-guessed at (see `Handler`). Bounds that a client, authenticated or not, cannot get past
-(`Connections`):
+guessed at (`Handler`, with `exporter.web.framing`). Bounds that a client, authenticated or
+not, cannot get past (`Connections`):
 - at most MAX_CONNECTIONS connections; a new one beyond makes room by closing the connection
   that has waited longest for its request (head or body), or, with none waiting, is answered
   503;
@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import re
 import socket
 import sys
 import threading
@@ -33,10 +32,20 @@ from socketserver import StreamRequestHandler, TCPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from exporter.server.answers import PREFLIGHTED, Answer, Preflight
+from exporter.web.answers import PREFLIGHTED, Answer, Preflight
+from exporter.web.framing import (
+    BAD,
+    PLAIN,
+    BadRequest,
+    header_fields,
+    keeps_alive,
+    refusal,
+    request_line,
+    response,
+)
 
 if TYPE_CHECKING:
-    from exporter.server.webconfig import Watcher, WebSecurity
+    from exporter.web.webconfig import Watcher, WebSecurity
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +66,6 @@ LINGER_SECONDS = 2.0
 LINGER_BYTES = 256 * 1024
 # The exporter's largest request body (it has no use for one); the relay sets its own.
 MAX_BODY = 1 << 20
-
-_PLAIN = [("Content-Type", "text/plain; charset=utf-8")]
 
 
 class Connection:
@@ -200,26 +207,6 @@ class Connections:
                 held.close(shut=True)
 
 
-class _BadRequest(Exception):
-    """A request that is not read: answered with ``status`` and the connection closed."""
-
-    def __init__(self, status: str, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-
-
-# RFC 9110 5.6.2 `token` characters, less "_": CGI's environ names turn "-" into "_", so a
-# header "Content_Length" would otherwise be read as Content-Length (request smuggling).
-_TOKEN = re.compile(rb"[!#$%&'*+\-.^`|~0-9A-Za-z]+")
-_METHOD = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-# Field values and request targets: no control characters but a tab (RFC 9110 5.5).
-_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
-_DIGITS = re.compile(rb"[0-9]{1,19}")
-# A Host value: a name, an IPv4 or a bracketed IPv6 address, and an optional port.
-_HOST = re.compile(rb"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~%!$&'()*+,;=]*)(:[0-9]*)?")
-_BAD = "400 Bad Request"
-
-
 @dataclass
 class _Request:
     """A request's head, parsed: its WSGI environ and how to read and answer it."""
@@ -255,8 +242,8 @@ class Handler(StreamRequestHandler):
                     return
                 lines, deadline = head
                 request = self._parse(lines)
-            except _BadRequest as error:
-                self._send("GET", Answer(error.status, _PLAIN, f"{error}\n".encode()), False)
+            except BadRequest as error:
+                self._send("GET", Answer(error.status, PLAIN, f"{error}\n".encode()), False)
                 self._linger()
                 return
             except OSError:  # reset, shut down, or idle past the timeout
@@ -280,7 +267,7 @@ class Handler(StreamRequestHandler):
             except OSError:
                 return
             if body is None:
-                timeout = Answer("408 Request Timeout", _PLAIN, b"the body came too slowly\n")
+                timeout = Answer("408 Request Timeout", PLAIN, b"the body came too slowly\n")
                 self._send(method, timeout, False)
                 self._linger()
                 return
@@ -309,18 +296,18 @@ class Handler(StreamRequestHandler):
         while True:
             line = self.rfile.readline(left + 1)
             if len(line) > left:
-                raise _BadRequest(
+                raise BadRequest(
                     "431 Request Header Fields Too Large", f"a head over {MAX_HEAD} bytes"
                 )
             left -= len(line)
             if not line.endswith(b"\n"):
                 if lines or line:
-                    raise _BadRequest(_BAD, "the request ended early")
+                    raise BadRequest(BAD, "the request ended early")
                 return None
             # CRLF ends a line; a bare LF is accepted, a bare CR is not (RFC 9112 2.2).
             line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
             if b"\r" in line:
-                raise _BadRequest(_BAD, "a bare CR in the head")
+                raise BadRequest(BAD, "a bare CR in the head")
             if not line:
                 if lines:
                     return lines, deadline
@@ -329,27 +316,27 @@ class Handler(StreamRequestHandler):
                 deadline = self.server.connections.request_started(held)
             lines.append(line)
             if len(lines) > MAX_HEADER_LINES:
-                raise _BadRequest(
+                raise BadRequest(
                     "431 Request Header Fields Too Large",
                     f"more than {MAX_HEADER_LINES} header lines",
                 )
 
     def _parse(self, lines: list[bytes]) -> _Request:
-        """The request's environ, or a _BadRequest naming the first rule it breaks."""
-        method, target, version = _request_line(lines[0])
-        fields = _fields(lines[1:])
+        """The request's environ, or a BadRequest naming the first rule it breaks."""
+        method, target, version = request_line(lines[0])
+        fields = header_fields(lines[1:])
         if version == "HTTP/1.1" and "HTTP_HOST" not in fields:
-            raise _BadRequest(_BAD, "an HTTP/1.1 request without Host")
+            raise BadRequest(BAD, "an HTTP/1.1 request without Host")
         if "HTTP_TRANSFER_ENCODING" in fields:
             if "CONTENT_LENGTH" in fields:
-                raise _BadRequest(_BAD, "both Content-Length and Transfer-Encoding")
-            raise _BadRequest("411 Length Required", "a body must come with Content-Length")
+                raise BadRequest(BAD, "both Content-Length and Transfer-Encoding")
+            raise BadRequest("411 Length Required", "a body must come with Content-Length")
         length = int(fields.get("CONTENT_LENGTH", "0"))
         expectation = fields.get("HTTP_EXPECT", "")
         # An HTTP/1.0 client cannot wait for a 100: its expectation is ignored (RFC 9110).
         expects_continue = version == "HTTP/1.1" and bool(expectation)
         if expects_continue and expectation.lower() != "100-continue":
-            raise _BadRequest("417 Expectation Failed", f"cannot meet Expect: {expectation}")
+            raise BadRequest("417 Expectation Failed", f"cannot meet Expect: {expectation}")
         path, _, query = target.partition("?")
         tls = hasattr(self.connection, "getpeercert")
         environ: dict[str, Any] = dict(self.server.base_environ)
@@ -381,7 +368,7 @@ class Handler(StreamRequestHandler):
         limit = self.server.max_body
         if refused is None and request.length > limit:
             reason = f"a body of {request.length} bytes, over {limit}\n"
-            refused = Answer("413 Content Too Large", _PLAIN, reason.encode())
+            refused = Answer("413 Content Too Large", PLAIN, reason.encode())
         return refused
 
     def _read_body(self, length: int, deadline: float) -> bytes | None:
@@ -440,93 +427,11 @@ class Handler(StreamRequestHandler):
                     result.close()
         except Exception:  # one failed request must not end the server
             log.exception("answering %s failed", environ.get("PATH_INFO"))
-            return Answer("500 Internal Server Error", _PLAIN, b"internal error\n")
+            return Answer("500 Internal Server Error", PLAIN, b"internal error\n")
         return Answer(started[0], started[1], body)
 
     def _send(self, method: str, answer: Answer, keep_alive: bool) -> None:
         self.wfile.write(response(method, *answer, keep_alive))
-
-
-def _request_line(line: bytes) -> tuple[str, str, str]:
-    """Method, target and version of a request line (RFC 9112 3)."""
-    parts = line.split(b" ")
-    if len(parts) != 3 or not _METHOD.fullmatch(parts[0]):
-        raise _BadRequest(_BAD, "not a request line: METHOD TARGET HTTP/1.1 expected")
-    method, target, version = (part.decode("iso-8859-1") for part in parts)
-    if not re.fullmatch(r"HTTP/[0-9]\.[0-9]", version):
-        raise _BadRequest(_BAD, "not a request line: METHOD TARGET HTTP/1.1 expected")
-    if not version.startswith("HTTP/1."):
-        raise _BadRequest("505 HTTP Version Not Supported", f"{version}: HTTP/1.1 expected")
-    if version != "HTTP/1.0":
-        version = "HTTP/1.1"  # a later 1.x is read as the highest this server speaks (RFC 9110)
-    if _CONTROL.search(parts[1]) or b"\t" in parts[1]:
-        raise _BadRequest(_BAD, "a control character in the request target")
-    if target.startswith(("http://", "https://")):
-        # The absolute form (to a proxy): its path is the target, its authority the host.
-        target = "/" + target.split("/", 3)[3] if target.count("/") >= 3 else "/"
-    elif not (target.startswith("/") or (target == "*" and method == "OPTIONS")):
-        raise _BadRequest(_BAD, f"a request target must start with /, not {target[:40]!r}")
-    return method, target, version
-
-
-def _fields(lines: list[bytes]) -> dict[str, str]:
-    """Header lines as WSGI environ keys and values; a _BadRequest for a malformed one."""
-    fields: dict[str, str] = {}
-    for line in lines:
-        name, colon, value = line.partition(b":")
-        if not colon or not _TOKEN.fullmatch(name):
-            if line[:1] in (b" ", b"\t"):
-                raise _BadRequest(_BAD, "a folded header line (obsolete, RFC 9112 5.2)")
-            shown = name[:40].decode("iso-8859-1")
-            raise _BadRequest(
-                _BAD, f"a header name must be letters, digits and !#$%&'*+-.^`|~: {shown!r}"
-            )
-        value = value.strip(b" \t")
-        if _CONTROL.search(value):
-            raise _BadRequest(_BAD, "a control character in a header value")
-        key = name.decode("ascii").upper().replace("-", "_")
-        if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
-            key = f"HTTP_{key}"
-        text = value.decode("iso-8859-1")
-        if key in fields:
-            if key in ("CONTENT_LENGTH", "HTTP_HOST"):
-                raise _BadRequest(_BAD, f"more than one {name.decode('ascii')}")
-            fields[key] = f"{fields[key]},{text}" if fields[key] else text
-        else:
-            fields[key] = text
-    if "CONTENT_LENGTH" in fields and not _DIGITS.fullmatch(fields["CONTENT_LENGTH"].encode()):
-        raise _BadRequest(_BAD, "Content-Length must be one number of at most 19 digits")
-    if "HTTP_HOST" in fields and not _HOST.fullmatch(fields["HTTP_HOST"].encode("latin-1")):
-        raise _BadRequest(_BAD, "Host is not a host name or address with an optional port")
-    return fields
-
-
-def keeps_alive(version: str, connection: str) -> bool:
-    """Whether the connection stays open after this request (HTTP/1.1: unless told to close)."""
-    tokens = {token.strip().lower() for token in connection.split(",")}
-    if version == "HTTP/1.1":
-        return "close" not in tokens
-    return "keep-alive" in tokens
-
-
-def response(
-    method: str, status: str, headers: list[tuple[str, str]], body: bytes, keep_alive: bool
-) -> bytes:
-    """An HTTP/1.1 answer, whole: status line, headers, Content-Length, body (not for HEAD)."""
-    head = [f"HTTP/1.1 {status}", *(f"{name}: {value}" for name, value in headers)]
-    if not any(name.lower() == "content-length" for name, _ in headers):
-        head.append(f"Content-Length: {len(body)}")
-    if not keep_alive:
-        head.append("Connection: close")
-    head += ["", ""]
-    payload = "\r\n".join(head).encode("iso-8859-1")
-    return payload if method == "HEAD" else payload + body
-
-
-def refusal(reason: str) -> bytes:
-    """A whole 503 answer that asks the client to come back in a second, and closes."""
-    headers = [*_PLAIN, ("Retry-After", "1")]
-    return response("GET", "503 Service Unavailable", headers, f"{reason}\n".encode(), False)
 
 
 _FULL = refusal("gpuload: too many connections")
@@ -661,7 +566,7 @@ class Server:
         watcher = None
         if security is not None:
             # Imported here: bcrypt stays out of a process without a web config.
-            from exporter.server.webconfig import Guard, Watcher
+            from exporter.web.webconfig import Guard, Watcher
 
             watcher = Watcher(security)
             app = Guard(app, watcher)

@@ -1,7 +1,7 @@
 """A whole HTTP answer, and the preflight: a refusal an application makes from a request's head.
 
-Shared by the server (`exporter.server.wsgi`), which calls the preflight before it reads a body,
-and the applications that refuse there (`exporter.server.webconfig.Guard`, the relay's).
+Shared by the server (`exporter.web.server`), which calls the preflight before it reads a body,
+and the applications that refuse there (`exporter.web.webconfig.Guard`, the relay's).
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ from typing import Any
 
 import bcrypt
 
-from exporter.server.answers import Answer, refused_unless_preflighted
 from exporter.settings import ConfigError, load_yaml, parse_bool, read_input
+from exporter.web.answers import Answer, refused_unless_preflighted
 
 log = logging.getLogger(__name__)
 
