@@ -1,6 +1,6 @@
 """Pod attribution against a real gRPC kubelet on a unix socket, and without one.
 
-The fake kubelet (tests/kubelet_helpers.py) is a grpcio server implementing the v1
+The fake kubelet (tools/kubelet.py) is a grpcio server implementing the v1
 PodResourcesLister; the GPUs are the simulated NVML's, so UUIDs map to indices as NVML says.
 """
 
