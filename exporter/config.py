@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from exporter.names import DEFAULT_PROFILE, PROFILES
 from exporter.settings import (
     LOG_SETTINGS,
     RESERVED_ENV_PREFIXES,
@@ -165,8 +166,8 @@ SETTINGS = Settings(
         ),
         Setting(
             "metrics_profile",
-            parse_choice("minimal", "default", "full"),
-            "default",
+            parse_choice(*PROFILES),
+            DEFAULT_PROFILE,
             "--metrics.profile",
             "which series each GPU exports: minimal (at most 25 per GPU), default (at most 80) "
             "or full (everything, e.g. for a node being debugged); docs/fleet.md",
