@@ -14,6 +14,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from exporter.names import GPM_METRICS
 from exporter.sim.curves import (
     NOISE_BUCKETS_PER_SECOND,
     Phase,
@@ -38,14 +39,7 @@ _FRACTIONS = {
     "encoder_utilization",
     "decoder_utilization",
     "fan",
-    "sm_active",
-    "sm_occupancy",
-    "tensor_active",
-    "dram_active",
-    "fp16_active",
-    "fp32_active",
-    "fp64_active",
-    "integer_active",
+    *GPM_METRICS,  # the GPM activity fractions
 }
 
 NOT_IN_MIG = 0xFFFFFFFF  # the GPU/compute instance id of a process outside MIG

@@ -89,6 +89,7 @@ from typing import Any
 
 import yaml
 
+from exporter.names import GPM_METRICS
 from exporter.sim import branches
 from exporter.sim.curves import Phase, Process, Timeline, ValueSpec
 from exporter.sim.library import FUNCTION_NAMES
@@ -134,14 +135,7 @@ METRICS: dict[str, str] = {
     "decoder_utilization": "fraction",
     "fan": "fraction",
     # Activity fractions that GPM (Hopper and newer) reports; derived from utilization by default.
-    "sm_active": "fraction",
-    "sm_occupancy": "fraction",
-    "tensor_active": "fraction",
-    "dram_active": "fraction",
-    "fp16_active": "fraction",
-    "fp32_active": "fraction",
-    "fp64_active": "fraction",
-    "integer_active": "fraction",
+    **dict.fromkeys(GPM_METRICS, "fraction"),
     # NVLink traffic of the whole GPU, split evenly across its active links.
     "nvlink_tx": "rate",
     "nvlink_rx": "rate",
@@ -669,23 +663,25 @@ def _derive_defaults(specs: dict[str, ValueSpec], phase: Phase, model: GpuModel)
     )
     specs.setdefault("memory_temperature", specs["temperature"].scaled(1.0, 6.0))
     specs.setdefault("sm_active", util.scaled(0.8))
-    sm_active = specs["sm_active"]
-    activity = {
-        "sm_occupancy": 0.5,
-        "tensor_active": 0.5,
-        "fp16_active": 0.2,
-        "fp32_active": 0.35,
-        "fp64_active": 0.01,
-        "integer_active": 0.15,
-    }
-    for metric, share in activity.items():
-        specs.setdefault(metric, sm_active.scaled(share))
     specs.setdefault("dram_active", specs["memory_utilization"].scaled(0.9))
+    for metric in GPM_METRICS:
+        if metric not in specs:
+            # A GPM metric added to exporter.names without a share here fails loudly, on load.
+            specs[metric] = specs["sm_active"].scaled(_SHARE_OF_SM_ACTIVE[metric])
     link_traffic = util.scaled(0.1 * model.nvlink_links * _NVLINK_LINK_RATE)
     specs.setdefault("nvlink_tx", link_traffic)
     specs.setdefault("nvlink_rx", link_traffic)
 
 
+# The GPM pipe fractions as a share of sm_active in a typical mixed-precision training step.
+_SHARE_OF_SM_ACTIVE = {
+    "sm_occupancy": 0.5,
+    "tensor_active": 0.5,
+    "fp16_active": 0.2,
+    "fp32_active": 0.35,
+    "fp64_active": 0.01,
+    "integer_active": 0.15,
+}
 _NVLINK_LINK_RATE = 25e9  # bytes/s per link and direction (NVLink 2, 3 and 4 alike)
 
 
