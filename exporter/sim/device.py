@@ -23,6 +23,7 @@ from exporter.sim.curves import (
     stable_int,
     unit_noise,
 )
+from exporter.sim.features import KINDS
 from exporter.sim.model import CLOCK_EVENT_REASONS, Fault, GpuSpec, MigInstanceSpec
 
 # Handles are fake pointers: a recognisable base plus a stride per GPU index, never dereferenced.
@@ -36,10 +37,9 @@ SAMPLE_BUFFER = 120
 _FRACTIONS = {
     "utilization",
     "memory_utilization",
-    "encoder_utilization",
-    "decoder_utilization",
     "fan",
     *GPM_METRICS,  # the GPM activity fractions
+    *(metric for metric, kind in KINDS.items() if kind == "fraction"),
 }
 
 NOT_IN_MIG = 0xFFFFFFFF  # the GPU/compute instance id of a process outside MIG

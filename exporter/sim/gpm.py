@@ -158,13 +158,13 @@ def _query_support(call: Call, ref: Any) -> int:
     return SUCCESS
 
 
-@device("nvmlGpmSampleGet", feature="gpm")
+@device("nvmlGpmSampleGet")
 def _sample_get(call: Call, sample: Any) -> int:
     reading = GpmReading(call.device, None, call.t)
     return SUCCESS if call.sim.gpm_samples.record(address(sample), reading) else INVALID_ARGUMENT
 
 
-@device("nvmlGpmMigSampleGet", feature="gpm")
+@device("nvmlGpmMigSampleGet")
 def _mig_sample_get(call: Call, gpu_instance_id: Any, sample: Any) -> int:
     wanted = integer(gpu_instance_id)
     instance = next((m for m in call.device.mig if m.gpu_instance_id == wanted), None)
@@ -180,7 +180,7 @@ def _locate_samples(sim: SimulatedNvml, args: tuple[Any, ...]) -> SimulatedGpu |
     return INVALID_ARGUMENT if reading is None else reading.gpu
 
 
-@device("nvmlGpmMetricsGet", feature="gpm", locate=_locate_samples)
+@device("nvmlGpmMetricsGet", locate=_locate_samples)
 def _metrics_get(call: Call, ref: Any) -> int:
     # The driver reads its own layout and fills only the numMetrics entries asked for, so a
     # caller whose array has another length (another NVML_GPM_METRIC_MAX) still gets them.
