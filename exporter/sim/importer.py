@@ -497,6 +497,8 @@ class _GpuImport:
         for reading in READINGS:
             for output in reading.outputs:
                 found = self.field(output.metric)
+                if reading.whole_gpu and self.in_mig and found is not None and found.missing:
+                    continue  # the simulator answers NOT_SUPPORTED in MIG mode already
                 if not self.feature(reading.feature, found) or found is None:
                     continue
                 if output.printed.unit == "%":
