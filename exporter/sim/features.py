@@ -145,6 +145,55 @@ READINGS: tuple[Reading, ...] = (
         period_us=_CODEC_PERIOD_US,
         whole_gpu=True,
     ),
+    Reading(
+        "nvmlDeviceGetEncoderStats",
+        (
+            Output(
+                "encoder_sessions",
+                "number",
+                1.0,
+                0.0,
+                Printed(
+                    ("Encoder Stats/Active Sessions",),
+                    ("encoder_stats/session_count",),
+                    ("encoder.stats.sessionCount",),
+                ),
+            ),
+            Output(
+                "encoder_fps",
+                "number",
+                1.0,
+                0.0,
+                Printed(
+                    ("Encoder Stats/Average FPS",),
+                    ("encoder_stats/average_fps",),
+                    ("encoder.stats.averageFps",),
+                ),
+            ),
+            # Scenarios give the latency in seconds; NVML answers microseconds.
+            Output(
+                "encoder_latency",
+                "number",
+                1e6,
+                0.0,
+                Printed(
+                    ("Encoder Stats/Average Latency",),
+                    ("encoder_stats/average_latency",),
+                    ("encoder.stats.averageLatency",),
+                ),
+            ),
+        ),
+        feature="encoder",
+        method="encoder_stats",
+        # Answered in MIG mode too: the recorded H200 in MIG mode prints utilization.encoder
+        # [N/A] but encoder.stats.sessionCount 0.
+        source=(
+            "nvml.h nvmlDeviceGetEncoderStats(device, *sessionCount, *averageFps, "
+            "*averageLatency); nvidia-smi --help-query-gpu: 'Average latency in microseconds of "
+            "all sessions'; the L40S under load prints 2 sessions, 243 FPS, 3280335 us "
+            "(captures/linux-x86_64__nvidia-l40s__595.80.txt, Encoder Stats)"
+        ),
+    ),
 )
 
 FEATURES: tuple[Feature, ...] = (
