@@ -82,6 +82,9 @@ NOT_COMPARED = {
     "gpuload_xid_instance_events_withheld": "gpuload's own flag",
     "gpuload_processes_visible": "gpuload's own flag",
     "gpu_pod_info": "Kubernetes attribution",
+    "gpu_encoder_average_fps": "absent while no encoder session runs, where nvidia-smi prints 0",
+    "gpu_encoder_average_latency_seconds": "absent while no encoder session runs, where "
+    "nvidia-smi prints 0",
 }
 NOT_COMPARED.update({f"gpu_{m}_ratio": "GPM: nvidia-smi does not print it" for m in GPM_METRICS})
 NOT_COMPARED.update(
@@ -330,6 +333,13 @@ CHECKS: tuple[Check, ...] = (
         "Utilization/Decoder",
         "utilization/decoder_util",
         _percent,
+    ),
+    _check(
+        "gpu_encoder_sessions",
+        "encoder.stats.sessionCount",
+        "Encoder Stats/Active Sessions",
+        "encoder_stats/session_count",
+        _count,
     ),
     _check(
         "gpu_temperature_celsius",

@@ -29,7 +29,8 @@ from exporter.collectors.base import (
     register,
     seconds_family,
 )
-from exporter.nvml import GPM_METRICS, Device, GpmSampler
+from exporter.names import GPM_METRICS
+from exporter.nvml import Device, GpmSampler
 
 HELP = {
     "sm_active": "Fraction of time at least one warp was resident on an SM, averaged over SMs",

@@ -26,7 +26,8 @@ from functools import partial
 
 from exporter.collectors.base import Family, Reader, Sample, SlowReads, register, seconds_family
 from exporter.collectors.gpm import ACTIVITY, HELP, GpmSeconds
-from exporter.nvml import GPM_METRICS, Device, GpmSampler, MigDevice
+from exporter.names import GPM_METRICS
+from exporter.nvml import Device, GpmSampler, MigDevice
 
 _MIG_LABELS = ("mig_instance", "mig_profile")
 _MIG_DEVICE_LABELS = ("mig_instance", "mig_compute_instance", "mig_profile")

@@ -27,9 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from exporter.collectors.base import REGISTRY, Sample
-from exporter.nvml import GPM_METRICS
-
-PROFILES = ("minimal", "default", "full")
+from exporter.names import GPM_METRICS, PROFILES
 
 _GPM_RATIOS = {
     name for metric in GPM_METRICS for name in (f"gpu_{metric}_ratio", f"gpu_mig_{metric}_ratio")

@@ -4,6 +4,7 @@ Everything above this package sees typed Python values and gpuload's own
 exceptions; pynvml's ctypes structures and error classes stay here.
 """
 
+from exporter.names import GPM_METRICS
 from exporter.nvml.device import (
     Bar1Memory,
     Device,
@@ -18,7 +19,6 @@ from exporter.nvml.device import (
 )
 from exporter.nvml.errors import LibraryNotFound, NotSupported, NvmlError, ValueUnavailable
 from exporter.nvml.events import XidEvent, XidEventSet
-from exporter.nvml.gpm import METRIC_IDS as GPM_METRICS
 from exporter.nvml.gpm import GpmSampler
 from exporter.nvml.library import (
     DriverInfo,

@@ -15,7 +15,7 @@ import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pynvml
 
@@ -54,6 +54,14 @@ class Utilization:
 
     gpu_percent: int
     memory_percent: int
+
+
+class EncoderStats(NamedTuple):
+    """The video encoder's sessions, with their average frame rate and latency (µs) over all."""
+
+    sessions: int
+    average_fps: int
+    average_latency_us: int
 
 
 @dataclass(frozen=True)
@@ -263,6 +271,16 @@ class Device:
         with translated():
             percent, _period_us = pynvml.nvmlDeviceGetDecoderUtilization(self._handle)
         return _checked(percent, "decoder utilization")
+
+    def encoder_stats(self) -> EncoderStats:
+        """nvmlDeviceGetEncoderStats: the video encoder's sessions and their averages."""
+        with translated():
+            sessions, fps, latency_us = pynvml.nvmlDeviceGetEncoderStats(self._handle)
+        return EncoderStats(
+            sessions=_checked(sessions, "encoder.stats.sessionCount"),
+            average_fps=_checked(fps, "encoder.stats.averageFps"),
+            average_latency_us=_checked(latency_us, "encoder.stats.averageLatency"),
+        )
 
     def memory(self) -> MemoryInfo:
         """Frame buffer memory; the v2 call (from R510) adds `reserved` and a correct `used`."""

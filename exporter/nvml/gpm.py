@@ -12,19 +12,8 @@ from typing import Any
 
 import pynvml
 
+from exporter.names import GPM_METRICS
 from exporter.nvml.errors import NotSupported, translated
-
-# NVML metric ids: SM util, SM occupancy, integer, any tensor, DRAM bandwidth, FP64, FP32, FP16.
-METRIC_IDS = {
-    "sm_active": pynvml.NVML_GPM_METRIC_SM_UTIL,
-    "sm_occupancy": pynvml.NVML_GPM_METRIC_SM_OCCUPANCY,
-    "integer_active": pynvml.NVML_GPM_METRIC_INTEGER_UTIL,
-    "tensor_active": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
-    "dram_active": pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL,
-    "fp64_active": pynvml.NVML_GPM_METRIC_FP64_UTIL,
-    "fp32_active": pynvml.NVML_GPM_METRIC_FP32_UTIL,
-    "fp16_active": pynvml.NVML_GPM_METRIC_FP16_UTIL,
-}
 
 
 class GpmSampler:
@@ -70,17 +59,19 @@ class GpmSampler:
 
 
 def _metrics_between(first: Any, second: Any) -> dict[str, float]:
+    # exporter.names holds the ids as plain ints; tests/test_gpm_names.py checks that they equal
+    # pynvml's NVML_GPM_METRIC_* constants.
     request = pynvml.c_nvmlGpmMetricsGet_t()
     request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
-    request.numMetrics = len(METRIC_IDS)
+    request.numMetrics = len(GPM_METRICS)
     request.sample1 = first
     request.sample2 = second
-    for slot, metric_id in enumerate(METRIC_IDS.values()):
+    for slot, metric_id in enumerate(GPM_METRICS.values()):
         request.metrics[slot].metricId = metric_id
     with translated():
         pynvml.nvmlGpmMetricsGet(request)
     values = {}
-    for slot, name in enumerate(METRIC_IDS):
+    for slot, name in enumerate(GPM_METRICS):
         metric = request.metrics[slot]
         if metric.nvmlReturn == pynvml.NVML_SUCCESS:
             values[name] = float(metric.value)

@@ -14,6 +14,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from exporter.names import GPM_METRICS
 from exporter.sim.curves import (
     NOISE_BUCKETS_PER_SECOND,
     Phase,
@@ -22,6 +23,7 @@ from exporter.sim.curves import (
     stable_int,
     unit_noise,
 )
+from exporter.sim.features import KINDS
 from exporter.sim.model import CLOCK_EVENT_REASONS, Fault, GpuSpec, MigInstanceSpec
 
 # Handles are fake pointers: a recognisable base plus a stride per GPU index, never dereferenced.
@@ -35,17 +37,9 @@ SAMPLE_BUFFER = 120
 _FRACTIONS = {
     "utilization",
     "memory_utilization",
-    "encoder_utilization",
-    "decoder_utilization",
     "fan",
-    "sm_active",
-    "sm_occupancy",
-    "tensor_active",
-    "dram_active",
-    "fp16_active",
-    "fp32_active",
-    "fp64_active",
-    "integer_active",
+    *GPM_METRICS,  # the GPM activity fractions
+    *(metric for metric, kind in KINDS.items() if kind == "fraction"),
 }
 
 NOT_IN_MIG = 0xFFFFFFFF  # the GPU/compute instance id of a process outside MIG

@@ -215,13 +215,13 @@ def _free(call: Call, handle: Any) -> int:
     return SUCCESS if call.sim.event_sets.free(address(handle)) else INVALID_ARGUMENT
 
 
-@device("nvmlDeviceGetSupportedEventTypes", feature="events")
+@device("nvmlDeviceGetSupportedEventTypes")
 def _supported_types(call: Call, ref: Any) -> int:
     target(ref).value = _supported(call)
     return SUCCESS
 
 
-@device("nvmlDeviceRegisterEvents", feature="events")
+@device("nvmlDeviceRegisterEvents")
 def _register(call: Call, kinds: Any, handle: Any) -> int:
     wanted = integer(kinds)
     if wanted & ~_supported(call):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from exporter.sim import branches, privileges, records
 from exporter.sim.device import SAMPLES_PER_SECOND, MigDevice, RunningProcess, SimulatedGpu
+from exporter.sim.features import FEATURE_OF, READINGS, Reading
 
 if TYPE_CHECKING:
     from exporter.sim.library import SimulatedNvml
@@ -174,7 +175,7 @@ class Function:
 
     handler: Handler
     locate: Locator | None = None  # finds the GPU of a device function; None for system ones
-    feature: str | None = None  # the optional GPU feature the call needs
+    feature: str | None = None  # the optional GPU feature the call needs (features.FEATURE_OF)
     drop_handle: bool = True  # the handle argument is consumed by the locator
     mig: bool = False  # accepts MIG device handles (others answer NOT_SUPPORTED for them)
 
@@ -195,7 +196,6 @@ def system(*names: str) -> Callable[[Handler], Handler]:
 
 def device(
     *names: str,
-    feature: str | None = None,
     locate: Locator | None = None,
     mig: bool = False,
     keep_handle: bool = False,
@@ -203,12 +203,14 @@ def device(
     """Register a handler for C functions about one device, found from their first argument.
 
     ``locate`` replaces the handle lookup (handle-by-index and the like); ``keep_handle`` passes
-    the located argument on to the handler as well; ``mig`` lets MIG device handles through.
+    the located argument on to the handler as well; ``mig`` lets MIG device handles through. The
+    optional feature a function needs is the one :data:`exporter.sim.features.FEATURES` names.
     """
 
     def register(handler: Handler) -> Handler:
         drop = locate is None and not keep_handle
         for name in names:
+            feature = FEATURE_OF.get(name)
             FUNCTIONS[name] = Function(handler, locate or _by_handle, feature, drop, mig)
         return handler
 
@@ -337,7 +339,7 @@ def _uuid(call: Call, buffer: Any, size: Any) -> int:
     return put_string(buffer, size, call.mig.uuid if call.mig else call.device.uuid)
 
 
-@device("nvmlDeviceGetSerial", feature="serial")
+@device("nvmlDeviceGetSerial")
 def _serial(call: Call, buffer: Any, size: Any) -> int:
     return put_string(buffer, size, call.device.serial)
 
@@ -465,12 +467,12 @@ _scalar_device("nvmlDeviceGetDisplayMode", lambda g: int(g.spec.display_active))
 _scalar_device("nvmlDeviceGetNumFans", lambda g: g.model.fans)
 
 
-@device("nvmlDeviceGetPcieReplayCounter", feature="pcie_replay")
+@device("nvmlDeviceGetPcieReplayCounter")
 def _replays(call: Call, ref: Any) -> int:
     return call.put(ref, call.device.pcie_replays(call.t))
 
 
-@device("nvmlDeviceGetPcieThroughput", feature="pcie_throughput")
+@device("nvmlDeviceGetPcieThroughput")
 def _pcie_throughput(call: Call, counter: Any, ref: Any) -> int:
     metric = {0: "pcie_tx", 1: "pcie_rx"}.get(integer(counter))
     if metric is None:
@@ -550,7 +552,7 @@ def _power_constraints(call: Call, low: Any, high: Any) -> int:
     return call.put(high, call.device.model.power_max_limit * 1000)
 
 
-@device("nvmlDeviceGetTotalEnergyConsumption", feature="energy")
+@device("nvmlDeviceGetTotalEnergyConsumption")
 def _energy(call: Call, ref: Any) -> int:
     return call.put(ref, call.device.cumulative("power", call.t) * 1000)
 
@@ -588,7 +590,6 @@ def _max_clock(call: Call, kind: Any, ref: Any) -> int:
 @device(
     "nvmlDeviceGetCurrentClocksEventReasons",
     "nvmlDeviceGetCurrentClocksThrottleReasons",
-    feature="clock_event_reasons",
 )
 def _clock_reasons(call: Call, ref: Any) -> int:
     return call.put(ref, call.device.clock_event_reasons(call.t))
@@ -597,7 +598,6 @@ def _clock_reasons(call: Call, ref: Any) -> int:
 @device(
     "nvmlDeviceGetSupportedClocksEventReasons",
     "nvmlDeviceGetSupportedClocksThrottleReasons",
-    feature="clock_event_reasons",
 )
 def _supported_clock_reasons(call: Call, ref: Any) -> int:
     return call.put(ref, 0x1FF)
@@ -625,28 +625,24 @@ def _fan_v2(call: Call, fan: Any, ref: Any) -> int:
     return call.put(ref, call.value("fan") * 100)
 
 
-_CODEC_PERIOD_US = 167_000
+def _answer(reading: Reading) -> Handler:
+    """The handler of a table-driven reading: each output from its scenario metric's curve."""
+
+    def answer(call: Call, *refs: Any) -> int:
+        if reading.whole_gpu and call.device.mig:
+            return NOT_SUPPORTED
+        values = refs[: len(reading.outputs)]
+        if reading.period_us is not None:
+            target(refs[len(reading.outputs)]).value = reading.period_us
+        for ref, output in zip(values, reading.outputs, strict=True):
+            call.put(ref, call.value(output.metric) * output.nvml_per_unit)
+        return SUCCESS
+
+    return answer
 
 
-# In MIG mode the whole GPU reports no codec utilization (the engines belong to the instances):
-# the recorded H200 in MIG mode prints utilization.encoder and .decoder [N/A] in both states
-# (captures/linux-x86_64__nvidia-h200-mig__590.48.01.txt, query-gpu CSV).
-
-
-@device("nvmlDeviceGetEncoderUtilization", feature="encoder")
-def _encoder(call: Call, ref: Any, period: Any) -> int:
-    if call.device.mig:
-        return NOT_SUPPORTED
-    target(period).value = _CODEC_PERIOD_US
-    return call.put(ref, call.value("encoder_utilization") * 100)
-
-
-@device("nvmlDeviceGetDecoderUtilization", feature="decoder")
-def _decoder(call: Call, ref: Any, period: Any) -> int:
-    if call.device.mig:
-        return NOT_SUPPORTED
-    target(period).value = _CODEC_PERIOD_US
-    return call.put(ref, call.value("decoder_utilization") * 100)
+for _reading in READINGS:
+    device(_reading.function)(_answer(_reading))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -772,7 +768,7 @@ def _load_records(record: type[ctypes.Structure], loads: list[_ProcessLoad]) -> 
     return rows
 
 
-@device("nvmlDeviceGetProcessUtilization", feature="process_utilization")
+@device("nvmlDeviceGetProcessUtilization")
 def _process_utilization(call: Call, samples: Any, count_ref: Any, last_seen: Any) -> int:
     loads = _process_loads(call, integer(last_seen))
     if isinstance(loads, int):
@@ -786,7 +782,7 @@ def _process_utilization(call: Call, samples: Any, count_ref: Any, last_seen: An
     return SUCCESS
 
 
-@device("nvmlDeviceGetProcessesUtilizationInfo", feature="process_utilization")
+@device("nvmlDeviceGetProcessesUtilizationInfo")
 def _processes_utilization_info(call: Call, ref: Any) -> int:
     info = records.read(ref, records.ProcessesUtilizationInfo)
     if info.version != records.PROCESSES_UTILIZATION_INFO_V1:
@@ -838,7 +834,7 @@ def _idle(gpu: SimulatedGpu, metric: str, t: float) -> bool:
     return not gpu.processes(t, "compute") and not gpu.processes(t, "graphics")
 
 
-@device("nvmlDeviceGetSamples", feature="samples")
+@device("nvmlDeviceGetSamples")
 def _samples(
     call: Call, sampling_type: Any, last_seen: Any, value_type: Any, count_ref: Any, samples: Any
 ) -> int:

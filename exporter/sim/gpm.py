@@ -26,6 +26,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from exporter.names import GPM_METRICS
 from exporter.sim import records
 from exporter.sim.device import MigDevice, SimulatedGpu
 from exporter.sim.functions import (
@@ -50,16 +51,27 @@ MIN_INTERVAL = 0.1  # seconds between the two samples
 _PERCENT = 100.0
 _MIB_PER_SECOND = 1.0 / 2**20
 
-# metric id -> (curve, scale, short name, long name, unit)
+# NVML's description of each metric it computes (nvmlGpmMetric_t.metricInfo: short name, long
+# name, unit), by metric id (nvml.h, NVML_GPM_METRIC_*).
+_PERCENT_INFO: dict[int, tuple[bytes, bytes]] = {
+    2: (b"sm_util", b"SM utilization"),
+    3: (b"sm_occupancy", b"SM occupancy"),
+    4: (b"integer_util", b"Integer utilization"),
+    5: (b"any_tensor_util", b"Any tensor utilization"),
+    10: (b"dram_bw_util", b"DRAM bandwidth utilization"),
+    11: (b"fp64_util", b"FP64 utilization"),
+    12: (b"fp32_util", b"FP32 utilization"),
+    13: (b"fp16_util", b"FP16 utilization"),
+}
+
+# metric id -> (curve, scale, short name, long name, unit). The percentages are gpuload's GPM
+# metrics (exporter.names), each answered from the scenario curve of the same name; the bandwidths
+# come from the PCIe and NVLink traffic curves.
 METRICS: dict[int, tuple[str, float, bytes, bytes, bytes]] = {
-    2: ("sm_active", _PERCENT, b"sm_util", b"SM utilization", b"%"),
-    3: ("sm_occupancy", _PERCENT, b"sm_occupancy", b"SM occupancy", b"%"),
-    4: ("integer_active", _PERCENT, b"integer_util", b"Integer utilization", b"%"),
-    5: ("tensor_active", _PERCENT, b"any_tensor_util", b"Any tensor utilization", b"%"),
-    10: ("dram_active", _PERCENT, b"dram_bw_util", b"DRAM bandwidth utilization", b"%"),
-    11: ("fp64_active", _PERCENT, b"fp64_util", b"FP64 utilization", b"%"),
-    12: ("fp32_active", _PERCENT, b"fp32_util", b"FP32 utilization", b"%"),
-    13: ("fp16_active", _PERCENT, b"fp16_util", b"FP16 utilization", b"%"),
+    **{
+        metric_id: (metric, _PERCENT, *_PERCENT_INFO[metric_id], b"%")
+        for metric, metric_id in GPM_METRICS.items()
+    },
     20: ("pcie_tx", _MIB_PER_SECOND, b"pcie_tx_per_sec", b"PCIe TX bandwidth", b"MiB/s"),
     21: ("pcie_rx", _MIB_PER_SECOND, b"pcie_rx_per_sec", b"PCIe RX bandwidth", b"MiB/s"),
     60: ("nvlink_rx", _MIB_PER_SECOND, b"nvlink_rx_per_sec", b"NVLink RX bandwidth", b"MiB/s"),
@@ -146,13 +158,13 @@ def _query_support(call: Call, ref: Any) -> int:
     return SUCCESS
 
 
-@device("nvmlGpmSampleGet", feature="gpm")
+@device("nvmlGpmSampleGet")
 def _sample_get(call: Call, sample: Any) -> int:
     reading = GpmReading(call.device, None, call.t)
     return SUCCESS if call.sim.gpm_samples.record(address(sample), reading) else INVALID_ARGUMENT
 
 
-@device("nvmlGpmMigSampleGet", feature="gpm")
+@device("nvmlGpmMigSampleGet")
 def _mig_sample_get(call: Call, gpu_instance_id: Any, sample: Any) -> int:
     wanted = integer(gpu_instance_id)
     instance = next((m for m in call.device.mig if m.gpu_instance_id == wanted), None)
@@ -168,7 +180,7 @@ def _locate_samples(sim: SimulatedNvml, args: tuple[Any, ...]) -> SimulatedGpu |
     return INVALID_ARGUMENT if reading is None else reading.gpu
 
 
-@device("nvmlGpmMetricsGet", feature="gpm", locate=_locate_samples)
+@device("nvmlGpmMetricsGet", locate=_locate_samples)
 def _metrics_get(call: Call, ref: Any) -> int:
     # The driver reads its own layout and fills only the numMetrics entries asked for, so a
     # caller whose array has another length (another NVML_GPM_METRIC_MAX) still gets them.

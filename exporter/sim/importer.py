@@ -46,6 +46,7 @@ from typing import Any
 
 import yaml
 
+from exporter.sim.features import FEATURES, READINGS
 from exporter.sim.library import FUNCTION_NAMES
 from exporter.sim.nvsmi import (
     NO_PERMISSION,
@@ -92,19 +93,7 @@ ARCHITECTURE_BASES = {
 }
 
 # The NVML calls behind each optional feature, for a NO_PERMISSION answer.
-_FEATURE_CALLS = {
-    "encoder": ("nvmlDeviceGetEncoderUtilization",),
-    "decoder": ("nvmlDeviceGetDecoderUtilization",),
-    "serial": ("nvmlDeviceGetSerial",),
-    "ecc": ("nvmlDeviceGetEccMode", "nvmlDeviceGetTotalEccErrors"),
-    "clock_event_reasons": (
-        "nvmlDeviceGetCurrentClocksEventReasons",
-        "nvmlDeviceGetCurrentClocksThrottleReasons",
-    ),
-    "pcie_replay": ("nvmlDeviceGetPcieReplayCounter",),
-    "row_remapping": ("nvmlDeviceGetRemappedRows",),
-    "retired_pages": ("nvmlDeviceGetRetiredPages", "nvmlDeviceGetRetiredPages_v2"),
-}
+_FEATURE_CALLS = {feature.name: feature.functions for feature in FEATURES}
 
 # Byte counts are placed on 1/16 MiB steps: short, exact decimals in the YAML.
 _STEPS = 16
@@ -317,12 +306,14 @@ class _GpuImport:
     def unsupported(self, calls: Iterable[str], found: Field) -> None:
         """The driver answers what nvidia-smi's N/A or Insufficient Permissions says."""
         if found.missing == NO_PERMISSION:
-            for call in calls:
-                self.faults.append(
-                    {"kind": "error", "gpu": self.index, "call": call, "error": NO_PERMISSION}
-                )
-            return
-        self.faults.append({"kind": "not_supported", "gpu": self.index, "calls": list(calls)})
+            faults = [
+                {"kind": "error", "gpu": self.index, "call": call, "error": NO_PERMISSION}
+                for call in calls
+            ]
+        else:
+            faults = [{"kind": "not_supported", "gpu": self.index, "calls": list(calls)}]
+        # Several printed values of one feature refused alike make its faults once.
+        self.faults += [fault for fault in faults if fault not in self.faults]
 
     def feature(self, name: str, found: Field | None) -> bool:
         """Set feature ``name`` from whether the recording has a value for it."""
@@ -499,12 +490,22 @@ class _GpuImport:
                     self.unsupported(calls, found)
                 continue
             self.overrides[key] = _fraction(found, key)
-        for feature in ("encoder", "decoder"):
-            key = f"{feature}_utilization"
-            if self.feature(feature, self.field(key)):
-                found = self.value(key)
-                assert found is not None
-                self.overrides[key] = _fraction(found, key)
+        self.readings()
+
+    def readings(self) -> None:
+        """The table-driven readings (exporter/sim/features.py), each value as printed."""
+        for reading in READINGS:
+            for output in reading.outputs:
+                found = self.field(output.metric)
+                if reading.whole_gpu and self.in_mig and found is not None and found.missing:
+                    continue  # the simulator answers NOT_SUPPORTED in MIG mode already
+                if not self.feature(reading.feature, found) or found is None:
+                    continue
+                if output.printed.unit == "%":
+                    self.overrides[output.metric] = _fraction(found, output.metric)
+                else:
+                    number = found.number(output.metric, output.printed.unit)
+                    self.overrides[output.metric] = number / output.nvml_per_unit
 
     def temperature(self) -> None:
         core = self.field("temperature")

@@ -29,7 +29,7 @@ _MULTIPLE_SINGLE_BIT = 0
 _DOUBLE_BIT = 1
 
 
-@device("nvmlDeviceGetEccMode", feature="ecc")
+@device("nvmlDeviceGetEccMode")
 def _ecc_mode(call: Call, current: Any, pending: Any) -> int:
     enabled = int(call.device.spec.ecc_enabled)
     target(current).value = enabled
@@ -37,7 +37,7 @@ def _ecc_mode(call: Call, current: Any, pending: Any) -> int:
     return SUCCESS
 
 
-@device("nvmlDeviceGetTotalEccErrors", feature="ecc")
+@device("nvmlDeviceGetTotalEccErrors")
 def _ecc_errors(call: Call, error_type: Any, counter_type: Any, ref: Any) -> int:
     if not call.device.spec.ecc_enabled:
         # ECC off: nvidia-smi reports every count N/A (nvidia-smi-xml/rtx-4000-sff-ada-v13.xml,
@@ -49,7 +49,7 @@ def _ecc_errors(call: Call, error_type: Any, counter_type: Any, ref: Any) -> int
     return call.put(ref, call.device.ecc_errors(kind == 1, counter == 1, call.t))
 
 
-@device("nvmlDeviceGetRemappedRows", feature="row_remapping")
+@device("nvmlDeviceGetRemappedRows")
 def _remapped_rows(call: Call, corrected: Any, uncorrected: Any, pending: Any, failed: Any) -> int:
     rows = call.device.remapped_rows(call.t)
     for ref, value in zip((corrected, uncorrected, pending, failed), rows, strict=True):
@@ -81,18 +81,18 @@ def _page_list(call: Call, cause: Any, count_ref: Any, addresses: Any, times: An
     return SUCCESS
 
 
-@device("nvmlDeviceGetRetiredPages", feature="retired_pages")
+@device("nvmlDeviceGetRetiredPages")
 def _retired_pages(call: Call, cause: Any, count: Any, addresses: Any) -> int:
     return _page_list(call, cause, count, addresses, None)
 
 
-@device("nvmlDeviceGetRetiredPages_v2", feature="retired_pages")
+@device("nvmlDeviceGetRetiredPages_v2")
 def _retired_pages_v2(call: Call, cause: Any, count: Any, addresses: Any, times: Any = None) -> int:
     # pynvml sizes the list with (device, cause, count, NULL), without the times argument.
     return _page_list(call, cause, count, addresses, times)
 
 
-@device("nvmlDeviceGetRetiredPagesPendingStatus", feature="retired_pages")
+@device("nvmlDeviceGetRetiredPagesPendingStatus")
 def _retirement_pending(call: Call, ref: Any) -> int:
     target(ref).value = int(call.device.retirement_pending(call.t))
     return SUCCESS

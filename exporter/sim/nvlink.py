@@ -53,21 +53,21 @@ def _on_link(handler: LinkHandler) -> LinkHandler:
     return checked
 
 
-@device("nvmlDeviceGetNvLinkState", feature="nvlink")
+@device("nvmlDeviceGetNvLinkState")
 @_on_link
 def _state(call: Call, link: int, ref: Any) -> int:
     target(ref).value = int(call.device.link_up(link, call.t))
     return SUCCESS
 
 
-@device("nvmlDeviceGetNvLinkVersion", feature="nvlink")
+@device("nvmlDeviceGetNvLinkVersion")
 @_on_link
 def _version(call: Call, link: int, ref: Any) -> int:
     target(ref).value = call.device.model.nvlink_version
     return SUCCESS
 
 
-@device("nvmlDeviceGetNvLinkErrorCounter", feature="nvlink")
+@device("nvmlDeviceGetNvLinkErrorCounter")
 @_on_link
 def _error_counter(call: Call, link: int, counter: Any, ref: Any) -> int:
     kind = integer(counter)

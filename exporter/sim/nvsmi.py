@@ -35,6 +35,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exporter.sim.features import OUTPUTS
 from exporter.sim.scenario import CLOCK_EVENT_REASONS
 
 NOT_SUPPORTED = "NOT_SUPPORTED"
@@ -625,8 +626,6 @@ _TEXT_PATHS: dict[str, tuple[str, ...]] = {
     "bar1_used": ("BAR1 Memory Usage/Used",),
     "utilization": ("Utilization/GPU",),
     "memory_utilization": ("Utilization/Memory",),
-    "encoder_utilization": ("Utilization/Encoder",),
-    "decoder_utilization": ("Utilization/Decoder",),
     "ecc_mode": ("ECC Mode/Current",),
     "retired_single_bit": ("Retired Pages/Single Bit ECC",),
     "retired_double_bit": ("Retired Pages/Double Bit ECC",),
@@ -722,8 +721,6 @@ _XML_PATHS: dict[str, tuple[str, ...]] = {
     "bar1_used": ("bar1_memory_usage/used",),
     "utilization": ("utilization/gpu_util",),
     "memory_utilization": ("utilization/memory_util",),
-    "encoder_utilization": ("utilization/encoder_util",),
-    "decoder_utilization": ("utilization/decoder_util",),
     "ecc_mode": ("ecc_mode/current_ecc",),
     "retired_single_bit": ("retired_pages/multiple_single_bit_retirement/retired_count",),
     "retired_double_bit": ("retired_pages/double_bit_retirement/retired_count",),
@@ -804,8 +801,6 @@ _CSV_PATHS: dict[str, tuple[str, ...]] = {
     "memory_free": ("memory.free",),
     "utilization": ("utilization.gpu",),
     "memory_utilization": ("utilization.memory",),
-    "encoder_utilization": ("utilization.encoder",),
-    "decoder_utilization": ("utilization.decoder",),
     "ecc_mode": ("ecc.mode.current",),
     "ecc.corrected.volatile": ("ecc.errors.corrected.volatile.total",),
     "ecc.corrected.aggregate": ("ecc.errors.corrected.aggregate.total",),
@@ -835,6 +830,15 @@ _CSV_PATHS: dict[str, tuple[str, ...]] = {
     "max_sm_clock": ("clocks.max.sm",),
     "max_memory_clock": ("clocks.max.memory", "clocks.max.mem"),
 }
+# The table-driven readings' values, under their scenario keys (exporter/sim/features.py).
+for _output in OUTPUTS:
+    for _paths, _printed in (
+        (_TEXT_PATHS, _output.printed.text),
+        (_XML_PATHS, _output.printed.xml),
+        (_CSV_PATHS, _output.printed.csv),
+    ):
+        if _printed:
+            _paths[_output.metric] = _printed
 # ECC counts in the text and XML reports: summed over the locations printed.
 _ECC_PARTS = {
     "corrected": ("SRAM Correctable", "DRAM Correctable", "Single Bit/Total"),

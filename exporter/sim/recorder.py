@@ -28,6 +28,7 @@ import pynvml
 
 from exporter import nvml
 from exporter.nvml import Device, GpmSampler, MigDevice, NvmlError, ValueUnavailable
+from exporter.sim.features import READINGS
 
 T = TypeVar("T")
 
@@ -258,7 +259,7 @@ class _GpuRecorder:
             self.reading.readings["bar1_used"] = bar1.used
 
     def utilization(self) -> None:
-        """Engine utilization, the sample ring and the video engines."""
+        """Engine utilization and the sample ring."""
         device, readings = self.device, self.reading.readings
         rates = self.read("nvmlDeviceGetUtilizationRates", device.utilization)
         if rates is not None:
@@ -271,11 +272,16 @@ class _GpuRecorder:
             if samples and metric not in readings:
                 # The newest sample, where the instant reading failed.
                 readings[metric] = samples[-1][1] / 100
-        for engine in ("encoder", "decoder"):
-            read = getattr(device, f"{engine}_utilization_percent")
-            percent = self.read(f"nvmlDeviceGet{engine.title()}Utilization", read)
-            if percent is not None:
-                readings[f"{engine}_utilization"] = percent / 100
+
+    def table_readings(self) -> None:
+        """The table-driven readings (exporter/sim/features.py), in scenario units."""
+        for reading in READINGS:
+            answer = self.read(reading.function, getattr(self.device, reading.method))
+            if answer is None:
+                continue
+            values = answer if isinstance(answer, tuple) else (answer,)
+            for output, value in zip(reading.outputs, values, strict=True):
+                self.reading.readings[output.metric] = value / output.nvml_per_unit
 
     def pcie(self) -> None:
         """PCIe link, replays and throughput."""
@@ -655,6 +661,7 @@ def _read_initialised(function_names: Iterable[str]) -> NodeReading:
 def _read_gpu(recorder: _GpuRecorder) -> None:
     recorder.memory()
     recorder.utilization()
+    recorder.table_readings()
     recorder.pcie()
     recorder.temperature()
     recorder.power()

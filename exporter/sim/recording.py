@@ -67,6 +67,7 @@ import yaml
 
 from exporter import __version__
 from exporter.nvml import LibraryNotFound, NvmlError, RemappedRows
+from exporter.sim.features import FEATURES, KINDS
 from exporter.sim.recorder import (
     SENTINEL,
     SUCCESS,
@@ -120,19 +121,9 @@ _FIELD_FEATURES = {
     "nvlink_error_fields": ("nvlink_replay", "nvlink_recovery"),
     "nvlink_state_field": ("nvlink_state",),
 }
-# The call whose success shows a GPU has a feature a model may list under `lacks`.
-_FEATURE_CALLS = {
-    "encoder": "nvmlDeviceGetEncoderUtilization",
-    "decoder": "nvmlDeviceGetDecoderUtilization",
-    "energy": "nvmlDeviceGetTotalEnergyConsumption",
-    "samples": "nvmlDeviceGetSamples",
-    "serial": "nvmlDeviceGetSerial",
-    "pcie_throughput": "nvmlDeviceGetPcieThroughput",
-    "pcie_replay": "nvmlDeviceGetPcieReplayCounter",
-    "ecc": "nvmlDeviceGetEccMode",
-    "process_utilization": "nvmlDeviceGetProcessUtilization",
-    "events": "nvmlDeviceRegisterEvents",
-}
+# The call whose success shows a GPU has a feature a model may list under `lacks`: the first
+# that needs it (exporter/sim/features.py).
+_FEATURE_CALLS = {feature.name: feature.functions[0] for feature in FEATURES if feature.functions}
 
 # The GPU UUIDs a scenario takes (NVML's form).
 _UUID = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
@@ -561,7 +552,11 @@ class _GpuWriter:
                 overrides[name] = _watts(value)
             elif name == "clock_event_reasons":
                 overrides[name] = self._reasons(value)
-            elif name in ("temperature", "memory_temperature") or name.endswith("_clock"):
+            elif (
+                name in ("temperature", "memory_temperature")
+                or name.endswith("_clock")
+                or KINDS.get(name) == "number"
+            ):
                 overrides[name] = value
             else:
                 overrides[name] = _fraction(value)

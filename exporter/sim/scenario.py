@@ -89,8 +89,11 @@ from typing import Any
 
 import yaml
 
+from exporter.names import GPM_METRICS
 from exporter.sim import branches
 from exporter.sim.curves import Phase, Process, Timeline, ValueSpec
+from exporter.sim.features import FEATURES as FEATURE_TABLE
+from exporter.sim.features import KINDS, OUTPUTS
 from exporter.sim.library import FUNCTION_NAMES
 from exporter.sim.model import (
     ARCHITECTURES,
@@ -130,21 +133,14 @@ METRICS: dict[str, str] = {
     "graphics_clock": "mhz",
     "memory_clock": "mhz",
     "video_clock": "mhz",
-    "encoder_utilization": "fraction",
-    "decoder_utilization": "fraction",
     "fan": "fraction",
     # Activity fractions that GPM (Hopper and newer) reports; derived from utilization by default.
-    "sm_active": "fraction",
-    "sm_occupancy": "fraction",
-    "tensor_active": "fraction",
-    "dram_active": "fraction",
-    "fp16_active": "fraction",
-    "fp32_active": "fraction",
-    "fp64_active": "fraction",
-    "integer_active": "fraction",
+    **dict.fromkeys(GPM_METRICS, "fraction"),
     # NVLink traffic of the whole GPU, split evenly across its active links.
     "nvlink_tx": "rate",
     "nvlink_rx": "rate",
+    # The metrics of the table-driven NVML readings (exporter/sim/features.py).
+    **KINDS,
     # BAR1 memory in use (a fraction: of the BAR1 aperture), as nvidia-smi prints it: 1 MiB idle
     # and 19819 MiB under load on the recorded H100, 143157 MiB on the H200 in MIG mode.
     "bar1_used": "memory",
@@ -160,32 +156,12 @@ _KIND_HELP = {
     "rate": "a rate like '2.5GB/s' or a number of bytes per second",
     "celsius": "a number 0..200 (degrees C)",
     "mhz": "a number 0..20000 (MHz)",
+    "number": "a number 0..20000 in the metric's unit (exporter/sim/features.py)",
 }
 
 # Optional GPU features a model or GPU entry may list under `lacks`; the simulator answers
-# NVML_ERROR_NOT_SUPPORTED for the calls (or field values) behind each.
-FEATURES: dict[str, str] = {
-    "memory_temperature": "field NVML_FI_DEV_MEMORY_TEMP and the MEM_MAX threshold",
-    "energy": "nvmlDeviceGetTotalEnergyConsumption and field 83 (pre-Volta)",
-    "encoder": "nvmlDeviceGetEncoderUtilization and encoder samples (no NVENC)",
-    "decoder": "nvmlDeviceGetDecoderUtilization and decoder samples (no NVDEC)",
-    "clock_event_reasons": "current and supported clock event (throttle) reasons",
-    "ecc": "ECC mode and error counters",
-    "pcie_throughput": "nvmlDeviceGetPcieThroughput",
-    "pcie_counters": "fields NVML_FI_DEV_PCIE_COUNT_TX_BYTES / RX_BYTES",
-    "pcie_replay": "nvmlDeviceGetPcieReplayCounter and field 94",
-    "power_fields": "fields NVML_FI_DEV_POWER_AVERAGE / POWER_INSTANT",
-    "samples": "nvmlDeviceGetSamples",
-    "serial": "nvmlDeviceGetSerial",
-    "process_utilization": "nvmlDeviceGetProcessUtilization and ...ProcessesUtilizationInfo",
-    "gpm": "GPM samples and metrics (Hopper and newer; declared by the model)",
-    "events": "event registration (nvmlDeviceRegisterEvents, ...GetSupportedEventTypes)",
-    "nvlink": "NVLink state, version, error counters, throughput fields (models with nvlink_links)",
-    "nvlink_error_fields": "fields NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY / _RECOVERY (older drivers)",
-    "nvlink_state_field": "field NVML_FI_DEV_NVLINK_GET_STATE (older drivers)",
-    "row_remapping": "nvmlDeviceGetRemappedRows (Ampere and newer data-centre GPUs)",
-    "retired_pages": "nvmlDeviceGetRetiredPages(_v2) and ...PendingStatus (pre-Ampere data centre)",
-}
+# NVML_ERROR_NOT_SUPPORTED for the calls (or field values) behind each (exporter/sim/features.py).
+FEATURES: dict[str, str] = {feature.name: feature.description for feature in FEATURE_TABLE}
 
 # GPU instance ids NVML gives the placements of each (compute, memory) slice shape, in order
 # (nvidia-smi mig -lgi on A100 and H100; the recorded H200 has 3g.71gb at 2, 2g.35gb at 3 and
@@ -655,13 +631,13 @@ def _derive_defaults(specs: dict[str, ValueSpec], phase: Phase, model: GpuModel)
         "memory_clock": lambda: ValueSpec.constant(
             model.idle_memory_clock if idle else model.max_memory_clock
         ),
-        "encoder_utilization": lambda: ValueSpec.constant(0.0),
-        "decoder_utilization": lambda: ValueSpec.constant(0.0),
         "fan": lambda: util.scaled(0.5, 0.3),
     }
     for metric, make in defaults.items():
         if metric not in specs:
             specs[metric] = make()
+    for output in OUTPUTS:
+        specs.setdefault(output.metric, ValueSpec.constant(output.default))
     # These follow other metrics, so they are filled after them.
     specs.setdefault("graphics_clock", specs["sm_clock"])
     specs.setdefault(
@@ -669,23 +645,25 @@ def _derive_defaults(specs: dict[str, ValueSpec], phase: Phase, model: GpuModel)
     )
     specs.setdefault("memory_temperature", specs["temperature"].scaled(1.0, 6.0))
     specs.setdefault("sm_active", util.scaled(0.8))
-    sm_active = specs["sm_active"]
-    activity = {
-        "sm_occupancy": 0.5,
-        "tensor_active": 0.5,
-        "fp16_active": 0.2,
-        "fp32_active": 0.35,
-        "fp64_active": 0.01,
-        "integer_active": 0.15,
-    }
-    for metric, share in activity.items():
-        specs.setdefault(metric, sm_active.scaled(share))
     specs.setdefault("dram_active", specs["memory_utilization"].scaled(0.9))
+    for metric in GPM_METRICS:
+        if metric not in specs:
+            # A GPM metric added to exporter.names without a share here fails loudly, on load.
+            specs[metric] = specs["sm_active"].scaled(_SHARE_OF_SM_ACTIVE[metric])
     link_traffic = util.scaled(0.1 * model.nvlink_links * _NVLINK_LINK_RATE)
     specs.setdefault("nvlink_tx", link_traffic)
     specs.setdefault("nvlink_rx", link_traffic)
 
 
+# The GPM pipe fractions as a share of sm_active in a typical mixed-precision training step.
+_SHARE_OF_SM_ACTIVE = {
+    "sm_occupancy": 0.5,
+    "tensor_active": 0.5,
+    "fp16_active": 0.2,
+    "fp32_active": 0.35,
+    "fp64_active": 0.01,
+    "integer_active": 0.15,
+}
 _NVLINK_LINK_RATE = 25e9  # bytes/s per link and direction (NVLink 2, 3 and 4 alike)
 
 

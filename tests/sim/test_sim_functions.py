@@ -14,6 +14,7 @@ import pynvml
 import pytest
 
 from exporter.sim import FUNCTION_NAMES, install, load_scenario, scenario_names
+from exporter.sim.features import READINGS
 from exporter.sim.scenario import SCENARIO_DIR, GpuSpec
 
 Call = Callable[[Any], Any]
@@ -181,15 +182,16 @@ DEVICE_CALLS: list[tuple[str, Call, Unsupported]] = [
         lambda h: pynvml.nvmlDeviceGetFanSpeed_v2(h, 0),
         lambda g: g.model.fans == 0,
     ),
-    (
-        "nvmlDeviceGetEncoderUtilization",
-        pynvml.nvmlDeviceGetEncoderUtilization,
-        _lacks_or_in_mig_mode("encoder"),
-    ),
-    (
-        "nvmlDeviceGetDecoderUtilization",
-        pynvml.nvmlDeviceGetDecoderUtilization,
-        _lacks_or_in_mig_mode("decoder"),
+    # The table-driven readings: pynvml names its wrapper after the C function.
+    *(
+        (
+            reading.function,
+            getattr(pynvml, reading.function),
+            _lacks_or_in_mig_mode(reading.feature)
+            if reading.whole_gpu
+            else _lacks(reading.feature),
+        )
+        for reading in READINGS
     ),
     ("nvmlDeviceGetPerformanceState", pynvml.nvmlDeviceGetPerformanceState, _never),
     ("nvmlDeviceGetPowerState", pynvml.nvmlDeviceGetPowerState, _never),
