@@ -40,7 +40,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.nvml import GPM_METRICS
-from exporter.sim import importer, nvsmi
+from exporter.sim import features, importer, nvsmi
 from exporter.sim.nvsmi import CsvGpu, Field, RecordingError, TextGpu, XmlGpu
 
 # The scenario clock is pinned here: any time after the first second works (power is a 1 s mean).
@@ -82,9 +82,6 @@ NOT_COMPARED = {
     "gpuload_xid_instance_events_withheld": "gpuload's own flag",
     "gpuload_processes_visible": "gpuload's own flag",
     "gpu_pod_info": "Kubernetes attribution",
-    "gpu_encoder_average_fps": "absent while no encoder session runs, where nvidia-smi prints 0",
-    "gpu_encoder_average_latency_seconds": "absent while no encoder session runs, where "
-    "nvidia-smi prints 0",
 }
 NOT_COMPARED.update({f"gpu_{m}_ratio": "GPM: nvidia-smi does not print it" for m in GPM_METRICS})
 NOT_COMPARED.update(
@@ -321,27 +318,6 @@ CHECKS: tuple[Check, ...] = (
         _percent,
     ),
     _check(
-        "gpu_encoder_utilization_ratio",
-        "utilization.encoder",
-        "Utilization/Encoder",
-        "utilization/encoder_util",
-        _percent,
-    ),
-    _check(
-        "gpu_decoder_utilization_ratio",
-        "utilization.decoder",
-        "Utilization/Decoder",
-        "utilization/decoder_util",
-        _percent,
-    ),
-    _check(
-        "gpu_encoder_sessions",
-        "encoder.stats.sessionCount",
-        "Encoder Stats/Active Sessions",
-        "encoder_stats/session_count",
-        _count,
-    ),
-    _check(
         "gpu_temperature_celsius",
         "temperature.gpu",
         "Temperature/GPU Current Temp",
@@ -476,6 +452,33 @@ CHECKS: tuple[Check, ...] = (
         "retired_pages/pending_blacklist",
         _switch,
     ),
+)
+
+
+def _table_checks() -> Iterator[Check]:
+    """The checks the simulator's reading table declares: each output a family exports."""
+    for reading in features.READINGS:
+        for output in reading.outputs:
+            if not output.family or output.not_compared:
+                continue
+            printed = output.printed
+            yield _check(
+                output.family,
+                printed.csv[0] if printed.csv else None,
+                printed.text[0] if printed.text else None,
+                printed.xml,
+                _percent if output.kind == "fraction" else _count,
+            )
+
+
+CHECKS += tuple(_table_checks())
+NOT_COMPARED.update(
+    {
+        output.family: output.not_compared
+        for reading in features.READINGS
+        for output in reading.outputs
+        if output.family and output.not_compared
+    }
 )
 
 

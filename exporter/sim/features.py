@@ -68,6 +68,10 @@ class Output:
     nvml_per_unit: float  # NVML's units per scenario unit: 100 for a fraction NVML gives in %
     default: float  # the constant of a phase that leaves the metric out
     printed: Printed = Printed()
+    # The gpuload family that exports it, which tools/conformance.py compares with what nvidia-smi
+    # printed, unless ``not_compared`` says why not.
+    family: str = ""
+    not_compared: str = ""
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,7 @@ READINGS: tuple[Reading, ...] = (
                     ("utilization.encoder",),
                     "%",
                 ),
+                family="gpu_encoder_utilization_ratio",
             ),
         ),
         feature="encoder",
@@ -137,6 +142,7 @@ READINGS: tuple[Reading, ...] = (
                     ("utilization.decoder",),
                     "%",
                 ),
+                family="gpu_decoder_utilization_ratio",
             ),
         ),
         feature="decoder",
@@ -158,6 +164,7 @@ READINGS: tuple[Reading, ...] = (
                     ("encoder_stats/session_count",),
                     ("encoder.stats.sessionCount",),
                 ),
+                family="gpu_encoder_sessions",
             ),
             Output(
                 "encoder_fps",
@@ -169,6 +176,8 @@ READINGS: tuple[Reading, ...] = (
                     ("encoder_stats/average_fps",),
                     ("encoder.stats.averageFps",),
                 ),
+                family="gpu_encoder_average_fps",
+                not_compared="absent while no encoder session runs, where nvidia-smi prints 0",
             ),
             # Scenarios give the latency in seconds; NVML answers microseconds.
             Output(
@@ -181,6 +190,8 @@ READINGS: tuple[Reading, ...] = (
                     ("encoder_stats/average_latency",),
                     ("encoder.stats.averageLatency",),
                 ),
+                family="gpu_encoder_average_latency_seconds",
+                not_compared="absent while no encoder session runs, where nvidia-smi prints 0",
             ),
         ),
         feature="encoder",
