@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from exporter.alerting import rules, states
+from exporter.alerting import rules, states, thresholds
 from exporter.server.status import SEVERITIES
 from tools.dashboards import fleet
 from tools.dashboards.bottlenecks import BOTTLENECKS
@@ -67,6 +67,12 @@ def test_every_bottleneck_class_has_words_a_measure_a_label_and_a_colour() -> No
     assert all(states.BOTTLENECK_WORDS.values())
     assert list(states.BOTTLENECK_VALUES) == classes
     assert all(states.BOTTLENECK_VALUES.values())
+
+
+def test_every_bottleneck_class_names_an_alert_the_rules_define() -> None:
+    defined = {alert.name for alert in rules.alerts(thresholds.load())}
+    named = {alert for alert in rules.BOTTLENECK_ALERTS.values() if alert is not None}
+    assert named <= defined
 
 
 def test_the_rendered_bottleneck_dashboard_maps_exactly_the_rules_classes() -> None:
