@@ -15,9 +15,7 @@ GPM profiling families (Hopper and newer) and has no fallback.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from exporter.alerting.definition import Alert, Group
+from exporter.alerting.definition import Alert, AlertDefinition, Group
 from exporter.alerting.expressions import (
     COUNT,
     GPU,
@@ -65,8 +63,6 @@ ALWAYS_FRESH = (
     "only its `gpuload_gpu_stale` branch: the evaluator runs right after each collection cycle, "
     "so the age of the last collection is always fresh when it looks"
 )
-
-AlertDefinition = Callable[[Thresholds], Alert]
 
 
 def _held(thresholds: Thresholds, settings: AlertThresholds) -> str:

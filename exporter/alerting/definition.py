@@ -9,7 +9,7 @@ puts them in files.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,3 +140,7 @@ class Group:
             group["interval"] = self.interval
         group["rules"] = [rule.render() for rule in self.rules]
         return group
+
+
+# One alert's definition: the function that builds it from the thresholds.
+AlertDefinition = Callable[[Thresholds], Alert]

@@ -8,9 +8,7 @@ pre-Ampere GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from exporter.alerting.definition import Alert
+from exporter.alerting.definition import Alert, AlertDefinition
 from exporter.alerting.expressions import (
     CELSIUS,
     COUNT,
@@ -242,7 +240,7 @@ def row_remap_failed(thresholds: Thresholds) -> Alert:
 
 
 # The group's alerts, in the order Prometheus evaluates them.
-HEALTH: tuple[Callable[[Thresholds], Alert], ...] = (
+HEALTH: tuple[AlertDefinition, ...] = (
     thermal_throttling,
     power_capped,
     hardware_slowdown,
