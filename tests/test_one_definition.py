@@ -17,8 +17,7 @@ from pathlib import Path
 import yaml
 from helpers import ROOT
 
-from exporter.alerting import rules, states, thresholds
-from tools.dashboards.bottlenecks import BOTTLENECKS
+from exporter.alerting import thresholds
 
 PACKAGE = ROOT / "exporter"
 # (file, the line's text) -> what the literal is, for the lines whose number happens to equal a
@@ -121,11 +120,3 @@ def test_every_listed_literal_is_still_there() -> None:
         if not path.exists() or line not in {text for _v, text in literals(path)}:
             missing.append((relative, line))
     assert missing == []
-
-
-def test_every_bottleneck_class_has_words_a_measure_and_a_colour() -> None:
-    """The classes are the rules'; the doctor's, page's and dashboard's words follow them."""
-    classes = list(rules.BOTTLENECK_ALERTS)
-    assert list(BOTTLENECKS) == classes
-    assert list(states.BOTTLENECK_WORDS) == classes
-    assert list(states.BOTTLENECK_VALUES) == classes

@@ -14,7 +14,7 @@ classes, means and ``ALERTS`` (pending and firing) that:
 - ``gpuload doctor --json --simulate SCENARIO --duration M`` reports for the scenario's first M
   minutes (its samples are the same: same clock, same seed).
 
-Prometheus's ``ALERTS`` also holds the alerts a running exporter cannot evaluate (NOT_LOCAL),
+Prometheus's ``ALERTS`` also holds the alerts a running exporter cannot evaluate (``not_local``),
 which are left out of the comparison.
 """
 
@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from simnode import SimulatedNode
 
 from exporter.alerting import rules
-from exporter.alerting.evaluator import NOT_LOCAL
+from exporter.alerting.evaluator import not_local
 from exporter.alerting.history import Labels, labels_of
 from exporter.doctor.command import Options, run
 from exporter.server.exposition import TEXT, Exposition
@@ -132,6 +132,7 @@ def test_prometheus_the_local_evaluator_the_doctor_and_the_status_page_agree(
         observe=lambda snapshot: scrapes.append(_scraped(snapshot, exposition)),
     )
     names = rules.recording_names(node.thresholds)
+    elsewhere = not_local(node.thresholds)
     expressions: list[dict[str, Any]] = []
     local: dict[int, dict[str, Any]] = {}
     try:
@@ -154,10 +155,10 @@ def test_prometheus_the_local_evaluator_the_doctor_and_the_status_page_agree(
                         ],
                     }
                 )
-            alerts = [a for a in evaluated.alerts if a.name not in NOT_LOCAL]
+            alerts = [a for a in evaluated.alerts if a.name not in elsewhere]
             expressions.append(
                 {
-                    "expr": f'ALERTS{{alertname!~"{"|".join(NOT_LOCAL)}"}}',
+                    "expr": f'ALERTS{{alertname!~"{"|".join(elsewhere)}"}}',
                     "eval_time": at,
                     "exp_samples": _local_alerts(alerts),
                 }

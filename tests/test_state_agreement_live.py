@@ -26,7 +26,7 @@ import requests
 from helpers import ROOT, Daemon, free_port, run_prometheus
 
 from exporter.alerting import thresholds
-from exporter.alerting.evaluator import NOT_LOCAL, warm_up_seconds
+from exporter.alerting.evaluator import not_local, warm_up_seconds
 from tools import RULES_DIR
 
 pytestmark = [
@@ -52,7 +52,7 @@ def prometheus_view(prometheus: str, address: str) -> tuple[dict[int, str], set[
         int(item["metric"]["gpu"]): item["metric"]["state"]
         for item in _query(prometheus, f'gpu:gpu_state:5m{{instance="{address}"}}')
     }
-    not_local = "|".join(NOT_LOCAL)
+    elsewhere = "|".join(not_local(thresholds.load()))
     alerts = {
         (
             int(m["gpu"]),
@@ -61,7 +61,7 @@ def prometheus_view(prometheus: str, address: str) -> tuple[dict[int, str], set[
             int(m["mig_instance"]) if "mig_instance" in m else None,
         )
         for item in _query(
-            prometheus, f'ALERTS{{instance="{address}",alertname!~"{not_local}",gpu!=""}}'
+            prometheus, f'ALERTS{{instance="{address}",alertname!~"{elsewhere}",gpu!=""}}'
         )
         for m in (item["metric"],)
     }

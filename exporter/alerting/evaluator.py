@@ -11,7 +11,7 @@ with their names, labels, ``for:``, ``keep_firing_for:`` and annotations. Nothin
 a condition, so the local alerts, the recorded states and Prometheus's cannot drift.
 
 Labels: every series gets the target labels ``instance`` and ``job`` that Prometheus would add.
-``GPULoadExporterDown`` cannot be evaluated locally (see :data:`NOT_LOCAL`).
+``GPULoadExporterDown`` cannot be evaluated locally (see :func:`not_local`).
 """
 
 from __future__ import annotations
@@ -20,41 +20,26 @@ import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from exporter.alerting import engine, promql, rules, templates
 from exporter.alerting.engine import Vector
 from exporter.alerting.history import SORTED_LABELS_KEPT, History, Labels, Sample
 from exporter.alerting.thresholds import Thresholds, duration_seconds
 
-# The rendered files, in the order their rules are evaluated: what is recorded first.
-RULE_FILES = ("gpuload-recording.rules.yml", "gpuload-alerts.rules.yml")
-
 log = logging.getLogger(__name__)
 
-# Alerts whose condition the exporter cannot see in its own samples, and why.
-NOT_LOCAL: Mapping[str, str] = {
-    "GPULoadExporterDown": "it is Prometheus's `up`: an exporter cannot observe that it cannot be "
-    "scraped (a process that is down evaluates nothing)",
-    "GPULoadExporterAbsent": "it is Prometheus's `up` and kube-state-metrics: an exporter that is "
-    "not running evaluates nothing",
-    "GPUCountDropped": "it compares with the GPUs reported before a restart, which a restarted "
-    "exporter no longer has (while it runs, gpuload drops no GPU: a lost one reads gpu_up 0, "
-    "and while NVML is down every GPU is absent, which GPULoadNVMLDown reports)",
-    "GPUVanished": "the same: a GPU goes missing only across a restart of the exporter",
-}
-# Parts of alerts that cannot be evaluated locally, though the alert is.
-_HELD = (
-    "only its condition: the branch that keeps it firing while Prometheus cannot scrape the "
-    "exporter reads `up` and `ALERTS`, which a running exporter never sees"
-)
-PARTLY_LOCAL: Mapping[str, str] = {
-    "GPUUtilizationLow": _HELD,
-    "GPUDataLoaderStarved": _HELD,
-    "GPUMIGUtilizationLow": _HELD,
-    "GPULoadStale": "only its `gpuload_gpu_stale` branch: the evaluator runs right after each "
-    "collection cycle, so the age of the last collection is always fresh when it looks",
-}
+
+def not_local(thresholds: Thresholds) -> dict[str, str]:
+    """The alerts whose condition the exporter cannot see in its own samples, and why."""
+    return {alert.name: alert.not_local for alert in rules.alerts(thresholds) if alert.not_local}
+
+
+def partly_local(thresholds: Thresholds) -> dict[str, str]:
+    """The alerts the exporter evaluates only in part, and which part."""
+    return {
+        alert.name: alert.partly_local for alert in rules.alerts(thresholds) if alert.partly_local
+    }
+
 
 # The roles (rules.recording_names) of the recorded series that say what state each GPU is in
 # and the 5-min means it was judged on, which the doctor and the status page read: evaluated
@@ -89,30 +74,30 @@ class RecordingRule:
     labels: Mapping[str, str]
 
 
-def _rules(thresholds: Thresholds) -> list[dict[str, Any]]:
-    """Every rule of the rendered files, in the order one evaluation step settles them."""
-    documents = rules.rule_files(thresholds)
-    ordered = [documents[name] for name in RULE_FILES]
-    return [rule for document in ordered for group in document["groups"] for rule in group["rules"]]
-
-
 def local_rules(thresholds: Thresholds) -> list[LocalRule]:
-    """The rendered alerting rules that can be evaluated locally, in the rule files' order."""
-    return _alerts(_rules(thresholds))
+    """The alerting rules that can be evaluated locally, in the rule files' order."""
+    return [_local(alert) for alert in rules.alerts(thresholds) if not alert.not_local]
 
 
-def _alerts(rendered: list[dict[str, Any]]) -> list[LocalRule]:
+def _local(alert: rules.Alert) -> LocalRule:
+    """An alert's definition, its condition parsed and its durations in seconds."""
+    return LocalRule(
+        name=alert.name,
+        expr=promql.parse(alert.expr),
+        for_seconds=float(duration_seconds(alert.for_)),
+        labels=alert.labels,
+        annotations=alert.annotations,
+        keep_firing_seconds=float(duration_seconds(alert.keep_firing_for)),
+    )
+
+
+def _recordings(thresholds: Thresholds) -> list[RecordingRule]:
+    """Every recording rule, parsed, in the order one evaluation step settles them."""
     return [
-        LocalRule(
-            name=rule["alert"],
-            for_seconds=float(duration_seconds(rule.get("for", "0s"))),
-            labels=dict(rule.get("labels", {})),
-            annotations=dict(rule.get("annotations", {})),
-            keep_firing_seconds=float(duration_seconds(rule.get("keep_firing_for", "0s"))),
-            expr=promql.parse(rule["expr"]),
-        )
-        for rule in rendered
-        if "alert" in rule and rule["alert"] not in NOT_LOCAL
+        RecordingRule(rule.record, promql.parse(rule.expr), dict(rule.labels))
+        for groups in rules.rule_groups(thresholds).values()
+        for group in groups
+        for rule in group.recordings()
     ]
 
 
@@ -130,13 +115,8 @@ class RuleSet:
     @classmethod
     def of(cls, thresholds: Thresholds) -> RuleSet:
         """The rules rendered from ``thresholds``."""
-        rendered = _rules(thresholds)
-        alerts = _alerts(rendered)
-        every = [
-            RecordingRule(rule["record"], promql.parse(rule["expr"]), dict(rule.get("labels", {})))
-            for rule in rendered
-            if "record" in rule
-        ]
+        alerts = local_rules(thresholds)
+        every = _recordings(thresholds)
         recorded = {rule.record for rule in every}
         needed = set(state_records(thresholds)) | engine.names_read(
             (rule.expr for rule in alerts), recorded

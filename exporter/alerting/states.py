@@ -33,6 +33,8 @@ LEVELS = ("fault", "warning", "unknown", "ok")
 # The series each verdict names its GPU by, besides the recorded ones.
 FAMILIES = frozenset({"gpu_info", "gpu_up", "gpu_xid_errors_total"})
 
+# The state of a GPU the rules recorded none for yet: a verdict's one state besides the rules'.
+UNRECORDED = "unknown"
 # What each state and bottleneck class means, in a few words for a person.
 STATE_WORDS = {
     "idle": "nothing running on it",
@@ -41,7 +43,7 @@ STATE_WORDS = {
     "saturated": "busy above GPUUtilizationHigh's threshold",
     "lost": "lost: NVML answers GPU_IS_LOST",
     "unmeasured": "in use; its load cannot be measured (no utilization, no GPM)",
-    "unknown": "no state recorded yet",
+    UNRECORDED: "no state recorded yet",
 }
 BOTTLENECK_WORDS = {
     "input_starved": "input-starved: busy in bursts, fully idle in between",
@@ -311,24 +313,8 @@ def read(
     recorded = evaluated.recorded
     states = _by_gpu(recorded.get(names["state"], {}))
     busy = _by_gpu(recorded.get(names["busy"], {}))
-    classes: dict[str, list[Bottleneck]] = {}
-    for labels, value in recorded.get(names["bottleneck"], {}).items():
-        label = dict(labels)
-        name = label.get("bottleneck", "")
-        paired = rules.BOTTLENECK_ALERTS.get(name)
-        finding = name != "none" and (
-            paired is None or thresholds.alert(paired).severity not in ("info", "none")
-        )
-        bottleneck = Bottleneck(
-            name, value, label.get("runbook_url", ""), finding, value_words(name, thresholds)
-        )
-        classes.setdefault(label.get("gpu", ""), []).append(bottleneck)
-    order = list(rules.BOTTLENECK_ALERTS)
-    sm_active: dict[tuple[str, str], tuple[str, float]] = {}
-    for labels, value in recorded.get(names["mig_sm_active"], {}).items():
-        label = dict(labels)
-        key = (label.get("gpu", ""), label.get("mig_instance", ""))
-        sm_active[key] = (label.get("mig_profile", ""), value)
+    classes = _bottlenecks(recorded.get(names["bottleneck"], {}), thresholds)
+    sm_active = _sm_active(recorded.get(names["mig_sm_active"], {}))
     on_gpu: dict[str, list[Alert]] = {}
     node_alerts: list[Alert] = []
     for alert in evaluated.alerts:
@@ -342,28 +328,9 @@ def read(
         label = dict(states[gpu][0]) if gpu in states else {}
         model, uuid = identities.get(gpu, ("", ""))
         lost = label.get("state") == "lost"
-        found = tuple(sorted(classes.get(gpu, []), key=lambda b: order.index(b.name)))
+        found = tuple(classes.get(gpu, []))
         alerts = tuple(sorted(on_gpu.get(gpu, []), key=_alert_rank))
-        instance_ids = {i for g, i in sm_active if g == gpu}
-        instance_ids |= {a.labels["mig_instance"] for a in alerts if "mig_instance" in a.labels}
-        instances = tuple(
-            Instance(
-                instance,
-                sm_active.get((gpu, instance), ("", 0.0))[0]
-                or next(
-                    (
-                        a.labels.get("mig_profile", "")
-                        for a in alerts
-                        if a.labels.get("mig_instance") == instance
-                    ),
-                    "",
-                ),
-                sm_active[(gpu, instance)][1] if (gpu, instance) in sm_active else None,
-                tuple(a for a in alerts if a.labels.get("mig_instance") == instance),
-            )
-            for instance in sorted(instance_ids, key=int)
-        )
-        name = label.get("state", "unknown")
+        name = label.get("state", UNRECORDED)
         gpus[gpu] = Verdict(
             gpu,
             uuid or label.get("uuid") or unidentified("UUID", lost),
@@ -372,7 +339,7 @@ def read(
             busy[gpu][1] if gpu in busy else None,
             found,
             alerts,
-            instances,
+            _instances(gpu, sm_active, alerts),
             attention(name, found, alerts),
             evaluated.at - evaluated.since < warm_up,
         )
@@ -384,6 +351,54 @@ def read(
         warm_up,
         thresholds.window,
     )
+
+
+def _bottlenecks(
+    series: Mapping[Any, float], thresholds: Thresholds
+) -> dict[str, list[Bottleneck]]:
+    """GPU index -> its bottleneck classes, in the order the rules record them."""
+    order = list(rules.BOTTLENECK_ALERTS)
+    classes: dict[str, list[Bottleneck]] = {}
+    for labels, value in series.items():
+        label = dict(labels)
+        name = label.get("bottleneck", "")
+        paired = rules.BOTTLENECK_ALERTS.get(name)
+        finding = name != "none" and (
+            paired is None or thresholds.alert(paired).severity not in ("info", "none")
+        )
+        bottleneck = Bottleneck(
+            name, value, label.get("runbook_url", ""), finding, value_words(name, thresholds)
+        )
+        classes.setdefault(label.get("gpu", ""), []).append(bottleneck)
+    return {gpu: sorted(found, key=lambda b: order.index(b.name)) for gpu, found in classes.items()}
+
+
+def _sm_active(series: Mapping[Any, float]) -> dict[tuple[str, str], tuple[str, float]]:
+    """(GPU index, MIG instance) -> (its profile, its SM activity's mean)."""
+    found = {}
+    for labels, value in series.items():
+        label = dict(labels)
+        key = (label.get("gpu", ""), label.get("mig_instance", ""))
+        found[key] = (label.get("mig_profile", ""), value)
+    return found
+
+
+def _instances(
+    gpu: str,
+    sm_active: Mapping[tuple[str, str], tuple[str, float]],
+    alerts: tuple[Alert, ...],
+) -> tuple[Instance, ...]:
+    """The MIG instances of a GPU that have an SM activity's mean or an alert."""
+    instance_ids = {i for g, i in sm_active if g == gpu}
+    instance_ids |= {a.labels["mig_instance"] for a in alerts if "mig_instance" in a.labels}
+    instances = []
+    for instance in sorted(instance_ids, key=int):
+        on_instance = tuple(a for a in alerts if a.labels.get("mig_instance") == instance)
+        profile, mean = sm_active.get((gpu, instance), ("", None))
+        # An instance with alerts but no SM activity yet is named by its alerts' profile.
+        profile = profile or next((a.labels.get("mig_profile", "") for a in on_instance), "")
+        instances.append(Instance(instance, profile, mean, on_instance))
+    return tuple(instances)
 
 
 def _by_gpu(series: Mapping[Any, float]) -> dict[str, tuple[Any, float]]:

@@ -65,7 +65,7 @@ PARAMETERS: Mapping[str, Mapping[str, str]] = {
 }
 
 # Alerts that judge another alert's window and so have no `for:` of their own: GPUJobHung and
-# GPUUtilizationHigh split one condition by power, over one window (rules.above_for).
+# GPUUtilizationHigh split one condition by power, over one window (expressions.above_for).
 SHARED_FOR: Mapping[str, str] = {"GPUJobHung": "GPUUtilizationHigh"}
 
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
@@ -194,36 +194,10 @@ def parse(document: object, origin: str = "thresholds") -> Thresholds:
         "",
     )
     base_url = _string(top, "runbook_base_url", origin)
-    job_regex = _string(top, "exporter_job_regex", origin)
-    try:
-        re.compile(job_regex)
-    except re.error as error:
-        raise ThresholdsError(
-            f"{origin}: exporter_job_regex: {job_regex!r} is not a regex: {error}"
-        ) from error
-    floor = top.get("in_use_memory_floor_bytes")
-    if not isinstance(floor, int) or isinstance(floor, bool) or floor < 0:
-        raise ThresholdsError(
-            f"{origin}: in_use_memory_floor_bytes: expected a whole number of bytes, got {floor!r}"
-        )
-    window = _duration(top.get("window"), origin, "window")
-    short_window = _duration(top.get("short_window"), origin, "short_window")
-    gap_tolerance = _duration(top.get("gap_tolerance"), origin, "gap_tolerance")
-    if duration_seconds(gap_tolerance) <= duration_seconds(short_window):
-        raise ThresholdsError(
-            f"{origin}: gap_tolerance: {gap_tolerance} is not longer than short_window"
-            f" ({short_window}): the first sample after a gap is measured over gap_tolerance, a"
-            " window that must hold the short one and the gap"
-        )
-    entries = _mapping(top.get("alerts"), origin, "alerts")
-    _no_unknown_keys(entries, set(PARAMETERS), origin, "alerts")
-    alerts = {}
-    for name, kinds in PARAMETERS.items():
-        if name not in entries:
-            raise ThresholdsError(f"{origin}: alerts.{name}: missing")
-        alerts[name] = _alert(name, kinds, entries[name], origin)
-    for name, owner in SHARED_FOR.items():
-        alerts[name] = replace(alerts[name], for_=alerts[owner].for_)
+    job_regex = _job_regex(top, origin)
+    floor = _memory_floor(top, origin)
+    window, short_window, gap_tolerance = _windows(top, origin)
+    alerts = _alerts(_mapping(top.get("alerts"), origin, "alerts"), origin)
     bottlenecks = _bottlenecks(top.get("bottlenecks"), origin)
     inhibit_rules = _inhibit_rules(top.get("inhibit_rules"), origin)
     return Thresholds(
@@ -237,6 +211,55 @@ def parse(document: object, origin: str = "thresholds") -> Thresholds:
         bottlenecks,
         inhibit_rules,
     )
+
+
+def _job_regex(top: Mapping[str, Any], origin: str) -> str:
+    """``exporter_job_regex``, which must compile: the rules match ``job`` with it."""
+    job_regex = _string(top, "exporter_job_regex", origin)
+    try:
+        re.compile(job_regex)
+    except re.error as error:
+        raise ThresholdsError(
+            f"{origin}: exporter_job_regex: {job_regex!r} is not a regex: {error}"
+        ) from error
+    return job_regex
+
+
+def _memory_floor(top: Mapping[str, Any], origin: str) -> int:
+    """``in_use_memory_floor_bytes``: a whole number of bytes."""
+    floor = top.get("in_use_memory_floor_bytes")
+    if not isinstance(floor, int) or isinstance(floor, bool) or floor < 0:
+        raise ThresholdsError(
+            f"{origin}: in_use_memory_floor_bytes: expected a whole number of bytes, got {floor!r}"
+        )
+    return floor
+
+
+def _windows(top: Mapping[str, Any], origin: str) -> tuple[str, str, str]:
+    """``window``, ``short_window`` and ``gap_tolerance``, the last longer than the short one."""
+    window = _duration(top.get("window"), origin, "window")
+    short_window = _duration(top.get("short_window"), origin, "short_window")
+    gap_tolerance = _duration(top.get("gap_tolerance"), origin, "gap_tolerance")
+    if duration_seconds(gap_tolerance) <= duration_seconds(short_window):
+        raise ThresholdsError(
+            f"{origin}: gap_tolerance: {gap_tolerance} is not longer than short_window"
+            f" ({short_window}): the first sample after a gap is measured over gap_tolerance, a"
+            " window that must hold the short one and the gap"
+        )
+    return window, short_window, gap_tolerance
+
+
+def _alerts(entries: Mapping[str, Any], origin: str) -> dict[str, AlertThresholds]:
+    """Every alert's thresholds; an alert that shares another's `for:` takes it from there."""
+    _no_unknown_keys(entries, set(PARAMETERS), origin, "alerts")
+    alerts = {}
+    for name, kinds in PARAMETERS.items():
+        if name not in entries:
+            raise ThresholdsError(f"{origin}: alerts.{name}: missing")
+        alerts[name] = _alert(name, kinds, entries[name], origin)
+    for name, owner in SHARED_FOR.items():
+        alerts[name] = replace(alerts[name], for_=alerts[owner].for_)
+    return alerts
 
 
 def _inhibit_rules(value: object, origin: str) -> tuple[InhibitRule, ...]:
