@@ -188,7 +188,7 @@ def _stand_ins(
         if path[-1] == "for":
             stand_in = f"{7000 + k}s"
             _set(stand_ins, path, stand_in)
-            # `for` is left out when zero (exporter.alerting.rules._alert), so is the line.
+            # A zero `for` is left out (exporter.alerting.definition.Alert.render), so is the line.
             pattern = re.compile(rf"^( *)for: {stand_in}\n", re.MULTILINE)
             replacements.append(
                 (
