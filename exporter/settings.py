@@ -132,6 +132,9 @@ def read_input(path: str | Path) -> str:
         ConfigError: one line saying what was wrong and what is expected (without the path,
             which the caller names).
     """
+    if "\0" in str(path):
+        # os.open raises ValueError, not OSError, for a name no file can have.
+        raise ConfigError("a file name with a NUL byte: no file can have it; give a path")
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as error:

@@ -75,6 +75,15 @@ def test_a_token_file_that_is_a_fifo_or_a_device_is_refused(tmp_path: Path) -> N
         assert "web.auth.bearer_token_file" in result.stderr
 
 
+def test_a_token_file_named_with_a_nul_byte_is_refused_in_one_line(tmp_path: Path) -> None:
+    file = tmp_path / "relay.yaml"
+    file.write_text('web:\n  auth:\n    bearer_token_file: "a\\0b"\n')
+    result = gpuload("relay", "--config", str(file), timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "NUL byte" in result.stderr and "web.auth.bearer_token_file" in result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
 def test_thresholds_from_a_device_or_too_large_are_refused(tmp_path: Path) -> None:
     with pytest.raises(thresholds.ThresholdsError, match="a character device"):
         thresholds.load("/dev/zero")
