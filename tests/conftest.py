@@ -70,12 +70,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "real_time: runs for real minutes against a real engine; scripts/test runs these as a"
-        " step of their own after the main suite",
+        " step of their own, beside every other step from the start",
     )
     config.addinivalue_line(
         "markers",
         "differential: minutes of CPU comparing gpuload's rule engine with promtool on generated"
-        " series; scripts/test runs these as a step of their own after the main suite",
+        " series; scripts/test runs these as a step of their own, beside the main suite",
     )
     config.addinivalue_line(
         "markers",
@@ -86,7 +86,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "engines: a minute or more of real engines under load (Prometheus with Alertmanager, a"
         " fleet, an image's install, a soak, slow clients against three servers); scripts/test"
-        " runs these as a step of their own after the main suite",
+        " runs these as a step of their own, after the main suite",
     )
 
 

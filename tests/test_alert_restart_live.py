@@ -6,7 +6,7 @@ killed a minute and a half into the stretch and started again 20 s later: its se
 counters start again at 0. Its GPUUtilizationLow and GPUDataLoaderStarved must fire no later than
 the undisturbed node's plus one scrape interval plus 60 s (the previous rules restarted the wait
 twice and fired minutes later). It runs in real minutes, so scripts/test runs it as a step of its
-own after the main suite (marker `real_time`).
+own, beside the other steps (marker `real_time`).
 """
 
 from __future__ import annotations

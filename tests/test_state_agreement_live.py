@@ -7,7 +7,7 @@ shipped rule files. Once both have their rules' windows whole, Prometheus's reco
 ``/api/v1/status`` shows and what ``gpuload doctor --prometheus`` reports from the same raw
 samples. The two sample on their own beats (Prometheus every 15 s, the exporter every second), so
 the test waits until they agree, within a deadline, rather than at one instant. It runs in real
-minutes: scripts/test runs it in its step of its own (marker ``real_time``).
+minutes: scripts/test runs it in a step of its own, beside the others (marker ``real_time``).
 """
 
 from __future__ import annotations
