@@ -29,7 +29,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -42,6 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.nvml import GPM_METRICS
 from exporter.sim import features, importer, nvsmi
 from exporter.sim.nvsmi import CsvGpu, Field, RecordingError, TextGpu, XmlGpu
+from tools.golden import listening_url
 
 # The scenario clock is pinned here: any time after the first second works (power is a 1 s mean).
 PINNED_TIME = 60.0
@@ -969,9 +969,6 @@ def _driver(report: Report, recorded: Recorded, samples: Samples) -> None:
 # Running gpuload on a recording
 
 
-_LISTENING = re.compile(r"listening on (http://\S+/)")
-
-
 def scrape(scenario: Path, at: float = PINNED_TIME, timeout: float = 60.0) -> str:
     """Start the real ``gpuload serve --simulate SCENARIO --sim.time AT``, return ``/metrics``."""
     command = [
@@ -991,25 +988,8 @@ def scrape(scenario: Path, at: float = PINNED_TIME, timeout: float = 60.0) -> st
     process = subprocess.Popen(
         command, env=environment, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
     )
-    found: list[str] = []
-    log: list[str] = []
-    listening = threading.Event()
-
-    def drain() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            log.append(line)
-            match = _LISTENING.search(line)
-            if match and not found:
-                found.append(match.group(1))
-                listening.set()
-        listening.set()
-
-    threading.Thread(target=drain, daemon=True).start()
     try:
-        if not listening.wait(timeout) or not found:
-            raise RuntimeError(f"gpuload serve did not start:\n{''.join(log)}")
-        url = found[0]
+        url = listening_url(process, timeout)
         deadline = time.monotonic() + timeout
         while not _ready(url):
             if time.monotonic() > deadline:

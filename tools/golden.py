@@ -130,7 +130,7 @@ def serving(*args: str, env: dict[str, str]) -> Iterator[str]:
         text=True,
     )
     try:
-        url = _listening_url(process)
+        url = listening_url(process)
         _wait_ready(url)
         yield url
     finally:
@@ -138,8 +138,11 @@ def serving(*args: str, env: dict[str, str]) -> Iterator[str]:
         process.wait(timeout=30)
 
 
-def _listening_url(process: subprocess.Popen[str]) -> str:
-    """The URL the daemon says it listens on; its log is drained on, so it never blocks."""
+def listening_url(process: subprocess.Popen[str], timeout: float = 30) -> str:
+    """The URL a starting ``gpuload serve`` says it listens on (its stderr piped).
+
+    Its log is drained on in a thread, so the daemon never blocks on a full pipe.
+    """
     found: list[str] = []
     log: list[str] = []
     seen = threading.Event()
@@ -155,7 +158,7 @@ def _listening_url(process: subprocess.Popen[str]) -> str:
         seen.set()
 
     threading.Thread(target=drain, daemon=True).start()
-    if not seen.wait(timeout=30) or not found:
+    if not seen.wait(timeout=timeout) or not found:
         raise RuntimeError("gpuload serve did not start:\n" + "".join(log))
     return found[0]
 
