@@ -59,8 +59,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.getoption("--quick"):
         return
-    kept = [item for item in items if not needs_an_engine(Path(str(item.fspath)))]
-    left_out = [item for item in items if needs_an_engine(Path(str(item.fspath)))]
+    kept: list[pytest.Item] = []
+    left_out: list[pytest.Item] = []
+    for item in items:
+        (left_out if needs_an_engine(item.path) else kept).append(item)
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = kept
