@@ -36,14 +36,17 @@ from __future__ import annotations
 import logging
 import os
 import re
-import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from exporter import nvml
-from exporter.collectors.base import Family, Reader, Sample, register
+from exporter.collectors.base import Family, Reader, Sample, SecondsCounter, register
 from exporter.kubernetes import DEFAULT_SOCKET, Allocation, PodResourcesError
+from exporter.kubernetes.cgroups import ProcessUnattributed, process_pod
+from exporter.kubernetes.pods import PendingPods, PodListError, PodListSource, PodName
+from exporter.nvml import Device
 from exporter.problems import ProblemLog
 
 if TYPE_CHECKING:
@@ -52,6 +55,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _POD_LABELS = ("gpu", "uuid", "pod", "namespace", "container", "mig_instance")
+# A pod's share of a whole GPU: a MIG instance is its pod's alone (gpu_pod_info names it).
+_SHARE_LABELS = ("gpu", "uuid", "pod", "namespace", "container")
 
 FAMILIES = (
     Family(
@@ -60,6 +65,33 @@ FAMILIES = (
         "1 for each container a GPU (or MIG instance: mig_instance) is allocated to, from the "
         "kubelet's PodResources API (List); GPU UUIDs mapped to indices by nvmlDeviceGetUUID.",
         _POD_LABELS,
+        per_gpu=False,
+    ),
+    Family(
+        "gpu_pod_memory_used_bytes",
+        "gauge",
+        "GPU memory used by a container's processes on a GPU, in bytes (each process's "
+        "usedGpuMemory, nvmlDeviceGetComputeRunningProcesses); with collectors.kubernetes.pods.",
+        _SHARE_LABELS,
+        per_gpu=False,
+    ),
+    Family(
+        "gpu_pod_utilization_seconds_total",
+        "counter",
+        "Seconds a container's processes had a kernel on the GPU, integrated from NVML's "
+        "per-process samples (nvmlDeviceGetProcessUtilization): rate() is the container's share "
+        "of the GPU's time; with collectors.kubernetes.pods.",
+        _SHARE_LABELS,
+        per_gpu=False,
+    ),
+    Family(
+        "gpuload_kubernetes_attribution_errors_total",
+        "counter",
+        "What was left unattributed to a pod, by cause: a process per collection "
+        "(process_exited, proc_unreadable, cgroup_unknown, pod_unknown) or a failed call "
+        "(kubelet_slow, kubelet_unavailable, kubelet_garbage, pods_slow, pods_unavailable, "
+        "pods_garbage).",
+        ("cause",),
         per_gpu=False,
     ),
     Family(
@@ -76,6 +108,9 @@ FAMILIES = (
 _KEEP_REFRESHES = 3
 # Device plugins of these resources hand out NVIDIA GPUs and MIG devices.
 _NVIDIA_RESOURCE = "nvidia.com/"
+# gRPC's status for a kubelet that did not answer in time, and for an answer that is not a
+# ListPodResourcesResponse (grpcio: "Exception deserializing response"); any other is unavailable.
+_KUBELET_CAUSES = {"DEADLINE_EXCEEDED": "kubelet_slow", "INTERNAL": "kubelet_garbage"}
 _REPLICA_SUFFIX = re.compile(r"::\d+$")
 _LEGACY_MIG_ID = re.compile(r"^MIG-(GPU-[0-9a-fA-F-]+)/(\d+)/\d+$")
 
@@ -93,7 +128,14 @@ class Target:
     "kubernetes",
     FAMILIES,
     scope="node",
-    options={"socket": DEFAULT_SOCKET, "refresh": 10.0, "timeout": 2.0},
+    options={
+        "socket": DEFAULT_SOCKET,
+        "refresh": 10.0,
+        "timeout": 2.0,
+        "pods": "",
+        "proc": "/proc",
+        "node": "",
+    },
 )
 class KubernetesCollector:
     """GPU-to-pod attribution from the kubelet's PodResources API (gpu_pod_info)."""
@@ -103,10 +145,17 @@ class KubernetesCollector:
         socket: str = DEFAULT_SOCKET,
         refresh: float = 10.0,
         timeout: float = 2.0,
+        pods: str = "",
+        proc: str = "/proc",
+        node: str = "",
         *,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] | None = None,
         on_kubernetes: bool | None = None,
     ) -> None:
+        """``pods``: where pod UIDs are named (`PodListSource`), "" for no per-process shares.
+
+        ``clock``: the node's clock; by default the collection's (the scenario's under --simulate).
+        """
         self._socket = socket
         # The kubelet gives every container KUBERNETES_SERVICE_HOST.
         self._on_kubernetes = (
@@ -124,17 +173,39 @@ class KubernetesCollector:
         self._answered_at: float | None = None
         self._directory: dict[str, Target] = {}
         self._problems = ProblemLog(log)
+        self._errors: Counter[str] = Counter()
+        self._shares = _pod_shares(pods, proc, node, timeout)
 
     def collect(self, read: Reader) -> Iterator[Sample]:
-        """Take a finished List answer, start the next one when due, yield the allocations."""
-        now = self._clock()
+        """Take finished answers, start calls when due, yield the allocations and shares."""
+        now = self._clock() if self._clock is not None else read.now
         self._finish_call(now, read)
-        if self._pending is None and now >= self._next_call:
-            self._start_call(now)
+        if self._shares is not None:
+            self._shares.finish_call(now, self._count)
+        if now >= self._next_call:
+            self._next_call = now + self._refresh
+            if self._pending is None:
+                self._start_call()
+            if self._shares is not None:
+                self._shares.start_call()
         if self._up is not None:
             yield Sample("gpuload_kubernetes_pod_resources_up", 1 if self._up else 0)
-        if self._answered_at is None or now - self._answered_at > self._refresh * _KEEP_REFRESHES:
-            return
+        if self._answered_at is not None and now - self._answered_at <= self._kept_for:
+            yield from self._pod_info()
+        causes: tuple[str, ...] = KUBELET_CAUSES if self._up is not None else ()
+        if self._shares is not None:
+            yield from self._shares.collect(read, now, self._kept_for, self._count)
+            causes += SHARE_CAUSES
+        for cause in causes:
+            yield Sample(
+                "gpuload_kubernetes_attribution_errors_total", self._errors[cause], (cause,)
+            )
+
+    @property
+    def _kept_for(self) -> float:
+        return self._refresh * _KEEP_REFRESHES
+
+    def _pod_info(self) -> Iterator[Sample]:
         labels: set[tuple[str, ...]] = set()
         for allocation in self._allocations:
             target = resolve(allocation.device_id, self._directory)
@@ -152,6 +223,18 @@ class KubernetesCollector:
         for label_values in sorted(labels):
             yield Sample("gpu_pod_info", 1, label_values)
 
+    def _count(self, cause: str, example: str) -> None:
+        """Count one thing left unattributed; its cause's first occurrence is logged, once."""
+        if cause not in self._errors:
+            log.warning(
+                "collector kubernetes: left unattributed (%s), counted in "
+                "gpuload_kubernetes_attribution_errors_total{cause=%r} and not logged again: %s",
+                cause,
+                cause,
+                example,
+            )
+        self._errors[cause] += 1
+
     def close(self) -> None:
         """Cancel a call in flight and close the channel."""
         if self._pending is not None:
@@ -161,14 +244,13 @@ class KubernetesCollector:
             self._client.close()
             self._client = None
 
-    def _start_call(self, now: float) -> None:
-        self._next_call = now + self._refresh
+    def _start_call(self) -> None:
         problem = _socket_problem(self._socket)
         present = problem is None
         if not present and self._socket_present:
             # Seen before and gone now: the kubelet stopped or is restarting. That is a failed
             # refresh (up 0, the last answer kept a while), not a node without Kubernetes.
-            self._list_failed("its socket is gone")
+            self._list_failed("kubelet_unavailable", "its socket is gone")
             return
         if present != self._socket_present:
             self._log_socket(problem)
@@ -208,7 +290,9 @@ class KubernetesCollector:
         try:
             found = pending.result()
         except PodResourcesError as error:
-            self._list_failed(f"List failed: {error.code}")
+            self._list_failed(
+                _KUBELET_CAUSES.get(error.code, "kubelet_unavailable"), f"List failed: {error.code}"
+            )
             return
         self._problems.resolve("list", "collector kubernetes: the kubelet answers again")
         self._up = True
@@ -217,8 +301,9 @@ class KubernetesCollector:
         if any(resolve(a.device_id, self._directory) is None for a in self._allocations):
             self._directory = read_directory(read)
 
-    def _list_failed(self, why: str) -> None:
+    def _list_failed(self, cause: str, why: str) -> None:
         self._up = False
+        self._errors[cause] += 1
         self._problems.report(
             "list",
             "collector kubernetes: the kubelet's pod-resources socket %s: %s; "
@@ -286,3 +371,145 @@ def read_directory(read: Reader) -> dict[str, Target]:
             if mig is not None:
                 directory[mig.uuid] = Target(gpu.gpu, gpu.uuid, str(instance.gpu_instance))
     return directory
+
+
+# What gpuload_kubernetes_attribution_errors_total counts, every cause exported from the start
+# so that rate() sees the first one.
+KUBELET_CAUSES = ("kubelet_slow", "kubelet_unavailable", "kubelet_garbage")
+SHARE_CAUSES = (
+    "process_exited",
+    "proc_unreadable",
+    "cgroup_unknown",
+    "pod_unknown",
+    "pods_slow",
+    "pods_unavailable",
+    "pods_garbage",
+)
+
+
+def _pod_shares(pods: str, proc: str, node: str, timeout: float) -> _PodShares | None:
+    """Per-process shares when ``pods`` names a source; None, said once, when it cannot work."""
+    if not pods:
+        return None
+    try:
+        return _PodShares(PodListSource(pods, node, timeout), proc)
+    except ValueError as error:
+        log.warning("collector kubernetes: no per-pod shares of GPUs: %s", error)
+        return None
+
+
+class _PodShares:
+    """Every process on each whole GPU, joined to its pod: memory and SM time per container.
+
+    A process's pod comes from its cgroup (`cgroups.process_pod`), the pod's name from the pods
+    list (`pods.PodListSource`). Memory is each process's usedGpuMemory, summed. SM time is
+    integrated from NVML's per-process samples: each process's mean SM percent over the samples
+    since the last collection, times the seconds between collections. A MIG instance is not
+    shared out: its pod holds it whole (gpu_pod_info), and its own series are the pod's.
+    """
+
+    def __init__(self, source: PodListSource, proc: str) -> None:
+        self._source = source
+        self._proc = proc
+        self._pending: PendingPods | None = None
+        self._pods: dict[str, PodName] = {}
+        self._answered_at: float | None = None
+        self._last_sample_us: dict[int, int] = {}
+        self._seconds: dict[tuple[str, ...], SecondsCounter] = {}
+        self._failing = False
+
+    def start_call(self) -> None:
+        if self._pending is None:
+            self._pending = self._source.start()
+
+    def finish_call(self, now: float, count: Callable[[str, str], None]) -> None:
+        if self._pending is None or not self._pending.done():
+            return
+        pending, self._pending = self._pending, None
+        try:
+            self._pods = pending.result()
+        except PodListError as error:
+            count(error.cause, f"{self._source.url}: {error}")
+            self._failing = True
+            return
+        if self._failing:
+            log.info("collector kubernetes: the pods list answers again")
+            self._failing = False
+        self._answered_at = now
+
+    def collect(
+        self, read: Reader, now: float, kept_for: float, count: Callable[[str, str], None]
+    ) -> Iterator[Sample]:
+        """The shares of every whole GPU's processes, by container."""
+        if self._answered_at is None or now - self._answered_at > kept_for:
+            self._seconds.clear()
+            return
+        memory: dict[tuple[str, ...], int] = {}
+        busy: dict[tuple[str, ...], float] = {}
+        measured: set[tuple[str, ...]] = set()
+        for index in range(read(nvml.device_count) or 0):
+            device = read(nvml.device, index)
+            identity = read(device.identity) if device is not None else None
+            if device is None or identity is None or read(device.mig_mode_enabled):
+                continue
+            gpu = (str(index), identity.uuid)
+            processes = _processes(device, read)
+            ratios = self._sm_ratios(index, device, read)
+            for pid, used in processes.items():
+                container = self._container(pid, count)
+                if container is None:
+                    continue
+                key: tuple[str, ...] = (*gpu, *container)
+                memory[key] = memory.get(key, 0) + used
+                if ratios is not None:
+                    measured.add(key)
+                    busy[key] = busy.get(key, 0.0) + ratios.get(pid, 0.0)
+        for shown in sorted(memory):
+            yield Sample("gpu_pod_memory_used_bytes", memory[shown], shown)
+        self._seconds = {key: self._seconds.get(key) or SecondsCounter() for key in measured}
+        for shown in sorted(measured):
+            seconds = self._seconds[shown].add(busy[shown], now)
+            yield Sample("gpu_pod_utilization_seconds_total", seconds, shown)
+
+    def _container(
+        self, pid: int, count: Callable[[str, str], None]
+    ) -> tuple[str, str, str] | None:
+        """(pod, namespace, container) of a process; None outside a pod or unattributed."""
+        try:
+            found = process_pod(self._proc, pid)
+        except ProcessUnattributed as error:
+            count(error.cause, str(error))
+            return None
+        if found is None:
+            return None  # a host process (Xorg, a job outside Kubernetes): nobody's share
+        pod = self._pods.get(found.pod_uid)
+        if pod is None:
+            count("pod_unknown", f"pid {pid}: pod UID {found.pod_uid} is not in the pods list")
+            return None
+        return pod.name, pod.namespace, pod.containers.get(found.container_id, "")
+
+    def _sm_ratios(self, index: int, device: Device, read: Reader) -> dict[int, float] | None:
+        """Each process's mean SM fraction over NVML's samples since the last collection.
+
+        None where the GPU has no per-process samples (NOT_SUPPORTED): no SM time is exported.
+        No new sample means no process used an engine (the driver samples only those).
+        """
+        samples = read(device.process_utilization, self._last_sample_us.get(index, 0))
+        if samples is None:
+            return None
+        if samples:
+            self._last_sample_us[index] = max(sample.timestamp_us for sample in samples)
+        percents: dict[int, list[int]] = {}
+        for sample in samples:
+            percents.setdefault(sample.pid, []).append(sample.sm_percent)
+        return {pid: sum(values) / len(values) / 100 for pid, values in percents.items()}
+
+
+def _processes(device: Device, read: Reader) -> dict[int, int]:
+    """Every compute and graphics process on the GPU, by PID, with its memory in bytes."""
+    found: dict[int, int] = {}
+    for listing in (device.compute_processes, device.graphics_processes):
+        for process in read(listing) or []:
+            # A process with both kinds of context is listed twice, with the same memory.
+            found[process.pid] = max(found.get(process.pid, 0), process.used_bytes or 0)
+    return found

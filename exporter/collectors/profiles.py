@@ -71,6 +71,8 @@ MINIMAL: Mapping[str, Callable[[tuple[str, ...]], bool] | None] = {
     "gpu_mig_sm_active_seconds_total": None,
     "gpu_mig_dram_active_seconds_total": None,
     "gpu_pod_info": None,
+    "gpu_pod_memory_used_bytes": None,
+    "gpu_pod_utilization_seconds_total": None,
     # Is it hot? And is a busy GPU hung (GPUJobHung: its power against its limit)?
     "gpu_temperature_celsius": None,
     "gpu_power_usage_watts": None,

@@ -84,3 +84,42 @@ def _pod_in(path: str) -> PodCgroup | None:
         if uid is not None and container is not None:
             return PodCgroup(uid, container.group("id"))
     return None
+
+
+class ProcessUnattributed(Exception):
+    """Why one process could not be given a pod; ``cause`` names it, for the self-metric.
+
+    Causes: ``process_exited`` (gone between NVML's list and the look-up), ``proc_unreadable``
+    (its ``/proc`` entry refused or failed), ``cgroup_unknown`` (a kubepods path of a shape
+    `pod_of` does not recognise).
+    """
+
+    def __init__(self, cause: str, details: str) -> None:
+        super().__init__(details)
+        self.cause = cause
+
+
+# A cgroup file is a line per hierarchy: a few hundred bytes. More is not a cgroup file.
+_MAX_CGROUP_BYTES = 64 * 1024
+
+
+def process_pod(proc_root: str, pid: int) -> PodCgroup | None:
+    """The pod and container of process ``pid``, read from ``<proc_root>/<pid>/cgroup``.
+
+    None for a process outside Kubernetes (a host process such as Xorg).
+
+    Raises:
+        ProcessUnattributed: the process is gone, its entry unreadable, or its path unknown.
+    """
+    path = f"{proc_root}/{pid}/cgroup"
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            text = file.read(_MAX_CGROUP_BYTES)
+    except (FileNotFoundError, ProcessLookupError):
+        raise ProcessUnattributed("process_exited", f"{path}: the process has exited") from None
+    except OSError as error:
+        raise ProcessUnattributed("proc_unreadable", f"{path}: {error.strerror or error}") from None
+    try:
+        return pod_of(text)
+    except UnknownCgroupShape as error:
+        raise ProcessUnattributed("cgroup_unknown", f"{path}: {error}") from None
