@@ -389,10 +389,8 @@ def test_shared_gpus_without_pod_attribution_fail_saying_what_to_set(loaded: hel
     values = {"exporter": {"podResources": {"enabled": False, "sharedGPUs": True}}}
     with pytest.raises(Exception, match="gpuload") as raised:
         render_objects(loaded, values)
-    assert (
-        "exporter.podResources.sharedGPUs needs exporter.podResources.enabled: true"
-        in str(raised.value)
-    )
+    needs = "exporter.podResources.sharedGPUs needs exporter.podResources.enabled: true"
+    assert needs in str(raised.value)
 
 
 def test_shared_gpus_exporter_config_is_one_gpuload_accepts(
