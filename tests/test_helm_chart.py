@@ -105,8 +105,12 @@ MIG_NODES = {
         "priorityClassName": "system-node-critical",
     }
 }
+SHARED_GPUS: dict[str, Any] = {"exporter": {"podResources": {"sharedGPUs": True}}}
+# Objects without a namespace.
+CLUSTER_KINDS = {"ClusterRole", "ClusterRoleBinding"}
 COMBINATIONS = {
     "defaults": {},
+    "shared-gpus": SHARED_GPUS,
     "no-servicemonitor": {"serviceMonitor": {"enabled": False}},
     "no-relay": {"relay": {"enabled": False}},
     "custom-thresholds": CUSTOM_THRESHOLDS,
@@ -202,7 +206,10 @@ def test_core_objects_validate_against_the_last_four_kubernetes_versions(
         if item["kind"] in OPERATOR_KINDS:
             continue
         validate_core(item)
-        assert item["metadata"]["namespace"] == NAMESPACE or item["kind"] == "ConfigMap"
+        if item["kind"] in CLUSTER_KINDS:
+            assert "namespace" not in item["metadata"]
+        else:
+            assert item["metadata"]["namespace"] == NAMESPACE or item["kind"] == "ConfigMap"
 
 
 def test_defaults_render_every_part(loaded: helm.Chart) -> None:
@@ -290,6 +297,116 @@ def test_exporter_config_is_one_gpuload_accepts(loaded: helm.Chart, tmp_path: Pa
     assert settings.collector_options["kubernetes"]["socket"] == (
         "/var/lib/kubelet/pod-resources/kubelet.sock"
     )
+
+
+def exporter_pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    pod: dict[str, Any] = the(objects, "DaemonSet")["spec"]["template"]["spec"]
+    return pod
+
+
+def exporter_settings(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    settings: dict[str, Any] = yaml.safe_load(the(objects, "ConfigMap")["data"]["gpuload.yaml"])
+    return settings
+
+
+def test_defaults_grant_no_kubernetes_api_access_and_no_host_pids(loaded: helm.Chart) -> None:
+    objects = render_objects(loaded, {})
+    pod = exporter_pod(objects)
+    assert "hostPID" not in pod
+    assert pod["automountServiceAccountToken"] is False
+    assert the(objects, "ServiceAccount")["automountServiceAccountToken"] is False
+    assert not kinds(objects) & CLUSTER_KINDS
+    assert "kube-api-access" not in {v["name"] for v in pod["volumes"]}
+    assert "pods" not in exporter_settings(objects)["collectors"]["kubernetes"]
+    (container,) = pod["containers"]
+    # NODE_NAME is there either way: the status page names the node with it.
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_shared_gpus_add_host_pids_a_token_and_get_list_on_pods(loaded: helm.Chart) -> None:
+    values = {
+        "exporter": {"podResources": {"sharedGPUs": True}, "hostPID": False},
+        "web": {"basicAuth": {"existingSecret": "gpuload-basic-auth"}},
+    }
+    objects = render_objects(loaded, values)
+    pod = exporter_pod(objects)
+    assert pod["hostPID"] is True
+    assert the(objects, "ClusterRole")["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}
+    ]
+    binding = the(objects, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "gpuload",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpuload", "namespace": NAMESPACE}
+    ]
+    for item in (the(objects, "ClusterRole"), binding):
+        assert item["metadata"]["labels"]["app.kubernetes.io/component"] == "exporter"
+    assert exporter_settings(objects)["collectors"]["kubernetes"]["pods"] == "apiserver"
+    # The token reaches the exporter container, not the init container, and no other pod.
+    assert pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["kube-api-access"] == {
+        "name": "kube-api-access",
+        "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+        "readOnly": True,
+    }
+    (init,) = pod["initContainers"]
+    assert "kube-api-access" not in {m["name"] for m in init["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    sources = volumes["kube-api-access"]["projected"]["sources"]
+    assert sources[0] == {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}}
+    assert sources[1]["configMap"]["name"] == "kube-root-ca.crt"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    # The security context stays the pod-attribution one: root with every capability dropped.
+    assert container["securityContext"]["runAsUser"] == 0
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_shared_gpus_bind_the_named_service_account(loaded: helm.Chart) -> None:
+    values = {**SHARED_GPUS, "serviceAccount": {"create": False, "name": "gpu-monitor"}}
+    objects = render_objects(loaded, values)
+    assert "ServiceAccount" not in kinds(objects)
+    assert exporter_pod(objects)["serviceAccountName"] == "gpu-monitor"
+    (subject,) = the(objects, "ClusterRoleBinding")["subjects"]
+    assert subject == {"kind": "ServiceAccount", "name": "gpu-monitor", "namespace": NAMESPACE}
+
+
+def test_shared_gpus_leave_the_exporters_egress_open(loaded: helm.Chart) -> None:
+    """The API server is reached because the exporter's NetworkPolicy restricts ingress only."""
+    objects = render_objects(loaded, {**SHARED_GPUS, "networkPolicy": {"enabled": True}})
+    policy = the(objects, "NetworkPolicy")
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and "egress" not in policy["spec"]
+
+
+def test_shared_gpus_without_pod_attribution_fail_saying_what_to_set(loaded: helm.Chart) -> None:
+    values = {"exporter": {"podResources": {"enabled": False, "sharedGPUs": True}}}
+    with pytest.raises(Exception, match="gpuload") as raised:
+        render_objects(loaded, values)
+    needs = "exporter.podResources.sharedGPUs needs exporter.podResources.enabled: true"
+    assert needs in str(raised.value)
+
+
+def test_shared_gpus_exporter_config_is_one_gpuload_accepts(
+    loaded: helm.Chart, tmp_path: Path
+) -> None:
+    options = {name: spec.options for name, spec in REGISTRY.items()}
+    if "pods" not in options["kubernetes"]:
+        pytest.skip("the kubernetes collector declares no `pods` option yet")
+    path = tmp_path / "gpuload.yaml"
+    path.write_text(the(render_objects(loaded, SHARED_GPUS), "ConfigMap")["data"]["gpuload.yaml"])
+    settings = config.load(
+        file=path,
+        collectors={name: spec.enabled_by_default for name, spec in REGISTRY.items()},
+        collector_options=options,
+    )
+    assert settings.collector_options["kubernetes"]["pods"] == "apiserver"
 
 
 def test_servicemonitor_adds_the_node_label(loaded: helm.Chart) -> None:

@@ -93,6 +93,7 @@ MATRIX: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "no-relay": ({"relay": {"enabled": False}}, OPERATOR_APIS),
     "podmonitor": ({"podMonitor": {"enabled": True}}, OPERATOR_APIS),
     "attribution-off": ({"exporter": {"podResources": {"enabled": False}}}, OPERATOR_APIS),
+    "shared-gpus": ({"exporter": {"podResources": {"sharedGPUs": True}}}, OPERATOR_APIS),
     "local-alerts": (LOCAL_ALERTS, OPERATOR_APIS),
     "extras-hostnetwork": (EXTRAS, OPERATOR_APIS),
     "nameoverride": ({"nameOverride": "gpumon"}, OPERATOR_APIS),

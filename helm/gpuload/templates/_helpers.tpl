@@ -128,6 +128,19 @@ section (enabled: auto, true or false), .kind its kind in monitoring.coreos.com/
 {{- end }}
 {{- end }}
 
+{{/* "true" when shared-GPU attribution is on: every process on a GPU mapped to its pod
+through /proc/PID/cgroup and the API server's pods of the node. It builds on pod attribution
+(the root user, the kubelet's socket), so it fails without it. */}}
+{{- define "gpuload.sharedGPUs" -}}
+{{- $podResources := .Values.exporter.podResources }}
+{{- if $podResources.sharedGPUs }}
+{{- if not $podResources.enabled }}
+{{- fail "exporter.podResources.sharedGPUs needs exporter.podResources.enabled: true (shared-GPU attribution extends pod attribution and runs as its root user); set both or neither." }}
+{{- end }}
+{{- "true" }}
+{{- end }}
+{{- end }}
+
 {{/* The exporter container's security context: the values' with the chart's identity, root
 with no capabilities when it must connect to the kubelet's root-only pod-resources socket,
 uid 10001 otherwise. A privileged container (GKE's managed drivers) escalates by definition. */}}
