@@ -93,7 +93,13 @@ class Target:
     "kubernetes",
     FAMILIES,
     scope="node",
-    options={"socket": DEFAULT_SOCKET, "refresh": 10.0, "timeout": 2.0},
+    options={
+        "socket": DEFAULT_SOCKET,
+        "refresh": 10.0,
+        "timeout": 2.0,
+        "pods": "",
+        "proc": "/proc",
+    },
 )
 class KubernetesCollector:
     """GPU-to-pod attribution from the kubelet's PodResources API (gpu_pod_info)."""
@@ -103,6 +109,8 @@ class KubernetesCollector:
         socket: str = DEFAULT_SOCKET,
         refresh: float = 10.0,
         timeout: float = 2.0,
+        pods: str = "",
+        proc: str = "/proc",
         *,
         clock: Callable[[], float] = time.monotonic,
         on_kubernetes: bool | None = None,

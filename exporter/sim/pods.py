@@ -72,7 +72,9 @@ def made_uid(seed: int, *parts: object) -> str:
     """A UUID-shaped id (as the API server gives objects) made from the seed and ``parts``."""
     key = ":".join(str(part) for part in (seed, *parts)).encode()
     digest = hashlib.blake2b(key, digest_size=16).hexdigest()
-    return f"{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:]}"
+    # A random (version 4, RFC 4122 variant) UUID, as the API server makes them.
+    variant = "89ab"[int(digest[16], 16) % 4]
+    return f"{digest[:8]}-{digest[8:12]}-4{digest[13:16]}-{variant}{digest[17:20]}-{digest[20:]}"
 
 
 def _made_container_id(seed: int, *parts: object) -> str:
