@@ -207,9 +207,14 @@ class ProcTree:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._texts: dict[int, str] = {}
+        self._lock = threading.Lock()
 
     def write(self, texts: Mapping[int, str]) -> None:
         """Make the tree hold exactly ``texts`` (PID -> its cgroup file's text)."""
+        with self._lock:
+            self._write(texts)
+
+    def _write(self, texts: Mapping[int, str]) -> None:
         for pid in set(self._texts) - set(texts):
             shutil.rmtree(self.root / str(pid), ignore_errors=True)
         for pid, text in texts.items():
