@@ -27,8 +27,8 @@ Format (every key is optional unless marked required)::
 
 A time-sliced GPU's replica number counts the pods sharing it, in the order listed (0, 1, ...),
 as NVIDIA's device plugin numbers replicas. While a pod is not running, NVML lists none of the
-processes whose PIDs its containers name. Defaults for UIDs and container IDs come from the
-scenario's seed, like the GPUs' UUIDs.
+processes whose PIDs its containers name. Defaults for UIDs and container IDs are made from the
+scenario's ``seed`` (not from a seed given at install, which changes the GPUs' UUIDs and PIDs).
 """
 
 from __future__ import annotations
