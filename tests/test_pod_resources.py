@@ -26,7 +26,6 @@ from exporter.collection import Collection
 from exporter.collectors import Reader, Sample
 from exporter.collectors.kubernetes import KubernetesCollector, Target, resolve
 from exporter.kubernetes import Allocation, PodResourcesError
-from exporter.kubernetes import podresources_v1_pb2 as api
 from exporter.kubernetes.podresources import PodResourcesClient
 from exporter.snapshot import Snapshot
 from tools.kubelet import FakeKubelet, Pod, remove, short_socket_dir
@@ -308,14 +307,12 @@ class RefusingKubelet(FakeKubelet):
         super().__init__(socket_path, pods)
         self.refusing = threading.Event()
 
-    def _list(
-        self, request: api.ListPodResourcesRequest, context: grpc.ServicerContext
-    ) -> api.ListPodResourcesResponse:
+    def _wait_if_hanging(self, context: grpc.ServicerContext) -> None:
         if self.refusing.is_set():
             self.calls += 1
             context.abort(grpc.StatusCode.UNAVAILABLE, "the kubelet is restarting")
             raise AssertionError("abort returned")
-        return super()._list(request, context)
+        super()._wait_if_hanging(context)
 
 
 def test_last_answer_is_kept_through_short_outages_only(

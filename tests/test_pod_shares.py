@@ -100,7 +100,7 @@ class PodListServer:
         owner = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
+            def do_GET(self) -> None:
                 if owner.hold.is_set():
                     owner.released.wait(30)
                 self.send_response(200)

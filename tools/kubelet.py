@@ -1,5 +1,7 @@
 """A fake kubelet: a real gRPC PodResourcesLister (List, Get) on a unix socket.
 
+It serves hand-made pods with the simulated kubelet's server (exporter/sim/kubelet.py).
+
 The golden files (``tools/golden.py``) and the tests allocate GPUs to pods with it.
 """
 
@@ -8,15 +10,14 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
-from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import grpc
 
 from exporter import nvml, sim
 from exporter.kubernetes import podresources_v1_pb2 as api
+from exporter.sim.kubelet import PodResourcesServer
 
 
 @dataclass
@@ -60,23 +61,11 @@ class FakeKubelet:
         self.calls = 0
         self.hanging = threading.Event()
         self._released = threading.Event()
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
-            "List": grpc.unary_unary_rpc_method_handler(
-                self._list,
-                request_deserializer=api.ListPodResourcesRequest.FromString,
-                response_serializer=api.ListPodResourcesResponse.SerializeToString,
-            ),
-            "Get": grpc.unary_unary_rpc_method_handler(
-                self._get,
-                request_deserializer=api.GetPodResourcesRequest.FromString,
-                response_serializer=api.GetPodResourcesResponse.SerializeToString,
-            ),
-        }
-        self._server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("v1.PodResourcesLister", handlers),)
+        self._server = PodResourcesServer(
+            socket_path,
+            lambda: [pod.message() for pod in self.pods],
+            before_call=self._wait_if_hanging,
         )
-        self._server.add_insecure_port(f"unix:{socket_path}")
 
     def start(self) -> FakeKubelet:
         """Start serving; return self."""
@@ -86,32 +75,13 @@ class FakeKubelet:
     def stop(self) -> None:
         """Release any hanging call and stop serving."""
         self._released.set()
-        self._server.stop(grace=None)
+        self._server.stop()
 
     def _wait_if_hanging(self, context: grpc.ServicerContext) -> None:
         self.calls += 1
         while self.hanging.is_set() and not self._released.wait(0.05):
             if not context.is_active():
                 return
-
-    def _list(
-        self, request: api.ListPodResourcesRequest, context: grpc.ServicerContext
-    ) -> api.ListPodResourcesResponse:
-        self._wait_if_hanging(context)
-        return api.ListPodResourcesResponse(pod_resources=[pod.message() for pod in self.pods])
-
-    def _get(
-        self, request: api.GetPodResourcesRequest, context: grpc.ServicerContext
-    ) -> api.GetPodResourcesResponse:
-        self._wait_if_hanging(context)
-        for pod in self.pods:
-            if (pod.namespace, pod.name) == (request.pod_namespace, request.pod_name):
-                return api.GetPodResourcesResponse(pod_resources=pod.message())
-        context.abort(
-            grpc.StatusCode.NOT_FOUND,
-            f"pod {request.pod_name} in namespace {request.pod_namespace} not found",
-        )
-        raise AssertionError("abort returned")
 
 
 def short_socket_dir() -> Path:

@@ -26,6 +26,7 @@ from exporter.web.signals import stop_on_signals
 
 if TYPE_CHECKING:
     from exporter.sim import SimulatedNvml
+    from exporter.sim.kubelet import SimulatedKubelet
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +55,36 @@ def _install_simulator(config: Config) -> SimulatedNvml:
     return library
 
 
+def _start_kubelet(library: SimulatedNvml) -> SimulatedKubelet | None:
+    """The simulated kubelet of a scenario with a ``kubernetes`` section, started; else None."""
+    if library.scenario.kubernetes is None:
+        return None
+    # Imported here: grpc, and only for a scenario with pods.
+    from exporter.sim.kubelet import SimulatedKubelet
+
+    kubelet = SimulatedKubelet(library).start()
+    log.info(
+        "simulated kubelet of node %s: pod resources at %s, pods at %s",
+        kubelet.node,
+        kubelet.pod_resources_server.socket_path,
+        kubelet.pod_list_server.url,
+    )
+    return kubelet
+
+
 def _collector_options(
-    config: Config, simulated_caller: str | None
+    config: Config, simulated_caller: str | None, kubelet: SimulatedKubelet | None = None
 ) -> Mapping[str, Mapping[str, Any]]:
     """The collectors' options, with ``processes.host_pid_namespace: auto`` decided.
 
     The kernel says whether gpuload runs in the host's PID namespace; on a simulated node the
     scenario's caller says it, as the simulated driver hides the processes from the same caller.
+    A simulated kubelet replaces the ``kubernetes`` collector's socket, pod list and /proc, and
+    puts the node on Kubernetes.
     """
     options = {name: dict(values) for name, values in config.collector_options.items()}
+    if kubelet is not None:
+        options.setdefault("kubernetes", {}).update(kubelet.collector_options)
     processes = options.get("processes")
     if processes is not None and processes.get("host_pid_namespace") == "auto":
         if simulated_caller is None:
@@ -146,13 +168,29 @@ def serve(config: Config, *, stop: threading.Event | None = None) -> int:
     # simulating, so that a pinned scenario clock (--sim.time) gives the same output every run.
     clock: Callable[[], float] = time.monotonic
     simulated_caller = None
+    kubelet = None
     if config.simulate.scenario:
         library = _install_simulator(config)
         clock, simulated_caller = library.elapsed, library.scenario.caller
+        kubelet = _start_kubelet(library)
+    try:
+        return _serve(config, clock, simulated_caller, kubelet, stop)
+    finally:
+        if kubelet is not None:
+            kubelet.stop()
+
+
+def _serve(
+    config: Config,
+    clock: Callable[[], float],
+    simulated_caller: str | None,
+    kubelet: SimulatedKubelet | None,
+    stop: threading.Event | None,
+) -> int:
     collection = Collection(
         config.collectors,
         timeout=config.effective_collect_timeout,
-        options=_collector_options(config, simulated_caller),
+        options=_collector_options(config, simulated_caller, kubelet),
         slow_interval=config.collect_slow_interval,
         clock=clock,
         profile=config.metrics_profile,

@@ -124,6 +124,7 @@ class Process:
     kind: str = "compute"
     pid: int | None = None
     memory_unit: str = ""
+    weight: float = 1.0  # its share of the GPU's utilization, relative to the others'
 
 
 @dataclass(frozen=True)

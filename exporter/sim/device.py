@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from exporter.names import GPM_METRICS
@@ -55,6 +56,11 @@ class RunningProcess:
     kind: str
     gpu_instance_id: int = NOT_IN_MIG
     compute_instance_id: int = NOT_IN_MIG
+    weight: float = 1.0  # its share of the GPU's utilization, relative to the others'
+
+
+# A pod's process PID -> the (start, until) of its pod: outside it, NVML does not list the PID.
+Lifetimes = Mapping[int, tuple[float, float]]
 
 
 def _reading(timeline: Timeline, seed: int, key: int, metric: str, t: float) -> float:
@@ -75,11 +81,15 @@ def _running(
     offset: int,
     instance: int = NOT_IN_MIG,
     compute_instance: int = 0,
+    *,
+    t: float = 0.0,
+    lifetimes: Lifetimes | None = None,
 ) -> list[RunningProcess]:
-    """The processes of ``kind`` in ``phase``; ``offset`` keeps PIDs distinct across devices.
+    """The processes of ``kind`` in ``phase`` at ``t``; ``offset`` keeps PIDs distinct.
 
     A process given a ``pid`` has that PID (and the next ones, for a count) on every device it
-    runs on, as one process using several GPUs has: a recorded node replays with its PIDs.
+    runs on, as one process using several GPUs has: a recorded node replays with its PIDs. A PID
+    in ``lifetimes`` (a pod's) is listed only while its pod runs.
     """
     running = []
     for number, process in enumerate(phase.processes):
@@ -92,11 +102,18 @@ def _running(
             base = made_up + offset * process.count
         for k in range(process.count):
             pid = base + k
+            if lifetimes and pid in lifetimes and not _within(lifetimes[pid], t):
+                continue
             compute = NOT_IN_MIG if instance == NOT_IN_MIG else compute_instance
+            memory = int(process.memory)
             running.append(
-                RunningProcess(pid, process.name, int(process.memory), kind, instance, compute)
+                RunningProcess(pid, process.name, memory, kind, instance, compute, process.weight)
             )
     return running
+
+
+def _within(lifetime: tuple[float, float], t: float) -> bool:
+    return lifetime[0] <= t < lifetime[1]
 
 
 class SimulatedGpu:
@@ -109,6 +126,7 @@ class SimulatedGpu:
         driver_uptime: float,
         reloads: tuple[float, ...],
         faults: tuple[Fault, ...] = (),
+        lifetimes: Lifetimes | None = None,
     ):
         self.spec = spec
         self.model = spec.model
@@ -122,6 +140,7 @@ class SimulatedGpu:
         domain, bus, rest = spec.pci_bus_id.split(":")
         self.pci_domain, self.pci_bus = int(domain, 16), int(bus, 16)
         self.pci_device = int(rest.split(".")[0], 16)
+        self.lifetimes = lifetimes or {}
         self._driver_uptime = driver_uptime
         self._reloads = reloads
         self._faults = tuple(f for f in faults if f.gpu == spec.index)
@@ -199,7 +218,7 @@ class SimulatedGpu:
         if self.mig:
             return [p for instance in self.mig for p in instance.processes(t, kind)]
         phase, _ = self.timeline.locate(t)
-        return _running(phase, self.seed, kind, self.index)
+        return _running(phase, self.seed, kind, self.index, t=t, lifetimes=self.lifetimes)
 
     def memory(self, t: float) -> tuple[int, int, int, int]:
         """(total, reserved, used, free) in bytes, ``used`` excluding the reserved part."""
@@ -371,7 +390,14 @@ class MigDevice:
         phase, _ = self.timeline.locate(t)
         offset = 64 * (self.parent.index + 1) + 8 * (self.slot + 1)
         return _running(
-            phase, self.parent.seed, kind, offset, self.gpu_instance_id, self.compute_instance_id
+            phase,
+            self.parent.seed,
+            kind,
+            offset,
+            self.gpu_instance_id,
+            self.compute_instance_id,
+            t=t,
+            lifetimes=self.parent.lifetimes,
         )
 
     def memory(self, t: float) -> tuple[int, int, int, int]:

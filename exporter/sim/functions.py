@@ -731,8 +731,9 @@ class _ProcessLoad:
 def _process_loads(call: Call, last_seen: int) -> list[_ProcessLoad] | int:
     """Per-process utilization at the call's time, or an error code.
 
-    The GPU's utilization is split evenly across its processes; NOT_FOUND when none of them
-    used an engine or ``last_seen`` is not older than now.
+    The GPU's utilization is split across its processes in proportion to their ``weight``
+    (evenly by default); NOT_FOUND when none of them used an engine or ``last_seen`` is not
+    older than now.
     """
     gpu = call.device
     if gpu.mig:
@@ -740,7 +741,7 @@ def _process_loads(call: Call, last_seen: int) -> list[_ProcessLoad] | int:
     processes = gpu.processes(call.t, "compute") + gpu.processes(call.t, "graphics")
     if not processes or call.now_us <= last_seen:
         return NOT_FOUND
-    share = 100.0 / len(processes)
+    total = sum(process.weight for process in processes)
     loads = [
         _ProcessLoad(
             process.pid,
@@ -751,6 +752,7 @@ def _process_loads(call: Call, last_seen: int) -> list[_ProcessLoad] | int:
             round(call.value("decoder_utilization") * share),
         )
         for process in processes
+        for share in (100.0 * process.weight / total,)
     ]
     # The driver samples only processes that used an engine; none: NOT_FOUND (nvml-facts.md,
     # "Idle sample rings run dry"; nvml.h: "NVML_ERROR_NOT_FOUND if sample entries are not found").

@@ -130,8 +130,11 @@ class SimulatedNvml:
         reloads = tuple(
             f.until for f in scenario.faults if f.kind == "driver_not_loaded" and f.until < math.inf
         )
+        lifetimes = scenario.kubernetes.pid_lifetimes() if scenario.kubernetes else None
         self.gpus = [
-            SimulatedGpu(spec, self.seed, scenario.driver.uptime, reloads, scenario.faults)
+            SimulatedGpu(
+                spec, self.seed, scenario.driver.uptime, reloads, scenario.faults, lifetimes
+            )
             for spec in scenario.gpus
         ]
         self.gpm_samples = GpmSamples()

@@ -259,3 +259,70 @@ class Scenario:
     faults: tuple[Fault, ...] = ()
     # Who calls NVML: root, unprivileged, or unprivileged without the host's PID namespace.
     caller: str = "root"
+    kubernetes: KubernetesSpec | None = None
+
+
+# The QoS classes of Kubernetes pods, as a scenario names them and as the API writes them
+# (k8s.io/api/core/v1 types.go, PodQOSClass).
+POD_QOS_CLASSES = {"guaranteed": "Guaranteed", "burstable": "Burstable", "besteffort": "BestEffort"}
+
+
+@dataclass(frozen=True)
+class PodClaim:
+    """A DRA ResourceClaim a container uses: whole GPUs and MIG devices (GPU, GPU instance id)."""
+
+    name: str
+    uid: str
+    gpus: tuple[int, ...] = ()
+    mig: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class PodContainer:
+    """One container of a simulated pod: the GPUs a device plugin gave it and its processes."""
+
+    name: str
+    id: str  # the runtime's container ID: 64 hex digits
+    gpus: tuple[int, ...] = ()
+    mig: tuple[tuple[int, int], ...] = ()  # (GPU index, GPU instance id)
+    shared: tuple[tuple[int, int], ...] = ()  # (GPU index, replica number) of time-sliced GPUs
+    claim: PodClaim | None = None
+    pids: tuple[int, ...] = ()
+    cgroup: str = "systemd-v2"
+    runtime: str = "containerd"
+
+
+@dataclass(frozen=True)
+class PodSpec:
+    """A pod on the simulated node, running from ``start`` until ``until`` (scenario seconds)."""
+
+    name: str
+    namespace: str
+    uid: str
+    qos: str = "burstable"
+    owners: tuple[tuple[str, str], ...] = ()  # (kind, name), nearest first
+    labels: Mapping[str, str] = field(default_factory=dict)
+    start: float = 0.0
+    until: float = math.inf
+    containers: tuple[PodContainer, ...] = ()
+
+    def running(self, t: float) -> bool:
+        """Whether the pod runs at elapsed time ``t``."""
+        return self.start <= t < self.until
+
+
+@dataclass(frozen=True)
+class KubernetesSpec:
+    """The node's Kubernetes side: its name and the pods its kubelet runs."""
+
+    node: str
+    pods: tuple[PodSpec, ...] = ()
+
+    def pid_lifetimes(self) -> dict[int, tuple[float, float]]:
+        """Each pod process's PID mapped to its pod's (start, until)."""
+        return {
+            pid: (pod.start, pod.until)
+            for pod in self.pods
+            for container in pod.containers
+            for pid in container.pids
+        }

@@ -52,8 +52,11 @@ Format (every key is optional unless marked required)::
         utilization: 0.9              # a value spec, see below
         clock_event_reasons: [sw_power_cap]
         processes: [{name: python train.py, memory: 60GiB, count: 1, type: compute}]
-                                      # pid: 4242 gives the first PID (default: from the seed)
+                                      # pid: 4242 gives the first PID (default: from the seed);
+                                      # weight: 2 takes twice the share of the GPU's utilization
+                                      # in per-process utilization (default 1: even shares)
     faults: [{kind: gpu_lost, gpu: 3, at: 60, until: 120}, ...]
+    kubernetes: {node: gpu-node-7, pods: [...]}   # the node's pods (exporter/sim/pods.py)
 
 Fault kinds: ``gpu_lost`` (gpu), ``not_supported`` (calls), ``error`` (call, error), ``sentinel``
 (call), ``driver_not_loaded``, ``hang`` (call, seconds), ``nvlink_down`` (gpu, link) all take an
@@ -82,7 +85,7 @@ import functools
 import math
 import os
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -110,13 +113,23 @@ from exporter.sim.model import (
     MigProfile,
     Scenario,
 )
+from exporter.sim.pods import parse_kubernetes
+from exporter.sim.schema import (
+    ScenarioError,
+    _boolean,
+    _choice,
+    _duration,
+    _fail,
+    _integer,
+    _is_number,
+    _list,
+    _mapping,
+    _number,
+    _string,
+)
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 MODELS_FILE = Path(__file__).parent / "models.yaml"
-
-
-class ScenarioError(ValueError):
-    """A scenario or GPU model file is missing, malformed, or has an invalid key or value."""
 
 
 # Metric name -> kind of quantity it accepts; the kind decides units and validation.
@@ -267,82 +280,12 @@ _SIZE_UNITS = {
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)\s*$")
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)/s\s*$")
 _WATTS_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*W\s*$")
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)\s*$")
-_DURATION_UNITS = {"ms": 0.001, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 _PCI_RE = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
 _UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
 # ---------------------------------------------------------------------------------------------
 # Primitive validators: each takes the raw value and its key path and returns the clean value.
-
-
-def _fail(path: str, message: str) -> ScenarioError:
-    return ScenarioError(f"{path}: {message}")
-
-
-def _is_number(value: object) -> bool:
-    # YAML booleans are ints in Python; a `true` where a number belongs is a mistake.
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _mapping(
-    value: object, path: str, allowed: Collection[str], required: Collection[str] = ()
-) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _fail(path, "expected a mapping")
-    for key in value:
-        if key not in allowed:
-            raise _fail(f"{path}.{key}" if path else str(key), "unknown key")
-    for key in required:
-        if key not in value:
-            raise _fail(f"{path}.{key}" if path else key, "required key is missing")
-    return value
-
-
-def _list(value: object, path: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise _fail(path, "expected a list")
-    return value
-
-
-def _number(value: object, path: str, low: float, high: float) -> float:
-    if not _is_number(value) or not low <= float(value) <= high:  # type: ignore[arg-type]
-        raise _fail(path, f"expected a number {low:g}..{high:g}")
-    return float(value)  # type: ignore[arg-type]
-
-
-def _integer(value: object, path: str, low: int, high: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise _fail(path, f"expected an integer {low}..{high}")
-    return value
-
-
-def _string(value: object, path: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise _fail(path, "expected a non-empty string")
-    return value
-
-
-def _boolean(value: object, path: str) -> bool:
-    if not isinstance(value, bool):
-        raise _fail(path, "expected true or false")
-    return value
-
-
-def _choice(value: object, path: str, choices: Mapping[str, int] | Collection[str]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise _fail(path, f"expected one of {', '.join(sorted(choices))}")
-    return value
-
-
-def _duration(value: object, path: str) -> float:
-    if _is_number(value) and float(value) >= 0:  # type: ignore[arg-type]
-        return float(value)  # type: ignore[arg-type]
-    match = _DURATION_RE.match(value) if isinstance(value, str) else None
-    if not match:
-        raise _fail(path, "expected seconds or a duration like '90s', '5m', '2h'")
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
 
 
 def _size(value: object, path: str) -> int:
@@ -460,7 +403,8 @@ def _processes(value: object, path: str) -> tuple[Process, ...]:
     processes = []
     for i, entry in enumerate(_list(value, path)):
         where = f"{path}[{i}]"
-        _mapping(entry, where, {"name", "memory", "count", "type", "pid"}, {"name", "memory"})
+        allowed = {"name", "memory", "count", "type", "pid", "weight"}
+        _mapping(entry, where, allowed, {"name", "memory"})
         memory, unit = _quantity(entry["memory"], f"{where}.memory", "memory")
         pid = entry.get("pid")
         processes.append(
@@ -471,9 +415,17 @@ def _processes(value: object, path: str) -> tuple[Process, ...]:
                 count=_integer(entry.get("count", 1), f"{where}.count", 1, 64),
                 kind=_choice(entry.get("type", "compute"), f"{where}.type", _PROCESS_TYPES),
                 pid=None if pid is None else _integer(pid, f"{where}.pid", 1, 4_000_000),
+                weight=_weight(entry.get("weight", 1), f"{where}.weight"),
             )
         )
     return tuple(processes)
+
+
+def _weight(value: object, path: str) -> float:
+    weight = _number(value, path, 0, 1e6)
+    if weight <= 0:
+        raise _fail(path, "expected a number greater than 0 (the process's share of the load)")
+    return weight
 
 
 def _reasons(value: object, path: str) -> int:
@@ -1166,7 +1118,18 @@ def _faults(value: object, gpus: tuple[GpuSpec, ...]) -> tuple[Fault, ...]:
     return tuple(faults)
 
 
-_TOP_KEYS = {"name", "description", "seed", "loop", "caller", "driver", "gpus", "phases", "faults"}
+_TOP_KEYS = {
+    "name",
+    "description",
+    "seed",
+    "loop",
+    "caller",
+    "driver",
+    "gpus",
+    "phases",
+    "faults",
+    "kubernetes",
+}
 CALLERS = ("root", "unprivileged", "unprivileged-no-host-pid")
 
 
@@ -1177,15 +1140,21 @@ def parse_scenario(document: object, default_name: str = "scenario") -> Scenario
     phases = _phases(entry["phases"], "phases") if "phases" in entry else None
     driver = _driver(entry["driver"])  # first: which MIG profiles exist depends on it
     gpus = _gpu_entries(entry["gpus"], phases, loop, driver)
+    name = _string(entry.get("name", default_name), "name")
+    seed = _integer(entry.get("seed", 0), "seed", 0, 2**63 - 1)
+    kubernetes = None
+    if "kubernetes" in entry:
+        kubernetes = parse_kubernetes(entry["kubernetes"], gpus, name, seed)
     return Scenario(
-        name=_string(entry.get("name", default_name), "name"),
+        name=name,
         description=_string(entry.get("description", default_name), "description"),
-        seed=_integer(entry.get("seed", 0), "seed", 0, 2**63 - 1),
+        seed=seed,
         loop=loop,
         driver=driver,
         gpus=gpus,
         faults=_faults(entry.get("faults", []), gpus),
         caller=_caller(entry.get("caller", "root")),
+        kubernetes=kubernetes,
     )
 
 
