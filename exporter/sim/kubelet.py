@@ -411,6 +411,10 @@ def claim_resources(
     ]
 
 
+# The cgroup (v2, systemd) of a process the node runs outside Kubernetes.
+HOST_CGROUP = "0::/system.slice/gpu-benchmark.service\n"
+
+
 class SimulatedKubelet:
     """The scenario's kubelet: PodResources socket, pod list and /proc tree, while started."""
 
@@ -419,6 +423,7 @@ class SimulatedKubelet:
         if kubernetes is None:
             raise ValueError(f"scenario {library.scenario.name} has no kubernetes section")
         self.node = kubernetes.node
+        self._library = library
         self._pods = kubernetes.pods
         self._seed = library.scenario.seed
         self._clock = library.elapsed
@@ -477,8 +482,16 @@ class SimulatedKubelet:
         return [pod_object(pod, self.node, self._seed) for pod in self.running()]
 
     def refresh(self) -> None:
-        """Rewrite the /proc tree for the pods running now."""
-        self.proc.write(
+        """Rewrite the /proc tree: the processes of the pods running now, and the node's own."""
+        t = self._clock()
+        # A GPU process outside any pod (a job started on the host) is a systemd service's.
+        texts = {
+            process.pid: HOST_CGROUP
+            for gpu in self._library.gpus
+            for kind in ("compute", "graphics")
+            for process in gpu.processes(t, kind)
+        }
+        texts.update(
             {
                 pid: cgroup_text(pod, container)
                 for pod in self.running()
@@ -486,6 +499,7 @@ class SimulatedKubelet:
                 for pid in container.pids
             }
         )
+        self.proc.write(texts)
 
     def _refresh_proc(self) -> None:
         while not self._stop.wait(self._proc_refresh):
