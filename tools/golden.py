@@ -36,6 +36,8 @@ SCENARIOS = {
     "legacy-v100": 300,
     "fell-off-bus": 120,
     "ecc-remap": 120,
+    # Before the CronJob's pod ends at 6 minutes: every way a GPU reaches a pod, shown at once.
+    "pods": 300,
 }
 # Golden files of other metrics profiles (exporter/collectors/profiles.py): name -> (scenario,
 # profile). `full` with NVLink link by link shows every family there is.
