@@ -213,6 +213,44 @@ def mig_instance_ids(profile: MigProfile) -> tuple[int, ...]:
     return _MIG_INSTANCE_IDS[(profile.compute_slices, profile.memory_slices)]
 
 
+def mig_placement_starts(compute_slices: int, memory_slices: int) -> tuple[int, ...]:
+    """The memory slices a GPU instance of this shape may start at, in order.
+
+    As ``nvidia-smi mig -lgipp`` lists them (MIG user guide, "List the possible placements"):
+    ``{0,1,2,3,4,5,6}:1`` for 1g.10gb, ``{0,2,4,6}:2`` for 1g.20gb, ``{0,2,4}:2`` for 2g.20gb,
+    ``{0,4}:4`` for 3g.40gb, ``{0}:4`` for 4g.40gb, ``{0}:8`` for 7g.80gb: a multiple of the
+    instance's memory slices, within the GPU's 8 memory and 7 compute slices.
+    """
+    return tuple(
+        start
+        for start in range(0, 8, memory_slices)
+        if start + memory_slices <= 8 and start + compute_slices <= 7
+    )
+
+
+def _placement_starts(instances: Mapping[int, MigInstanceSpec]) -> dict[int, int]:
+    """Each GPU instance's placement start, by GPU instance id.
+
+    The k-th id of a shape in `_MIG_INSTANCE_IDS` is the one NVML gives its k-th placement: the
+    recorded H200's 3g.71gb (id 2), 2g.35gb (3) and 1g.18gb (9, 10) then start at memory slices
+    4, 0, 2 and 3, side by side. An id outside its shape's list takes the first start that no
+    other instance of its shape holds. Whether the instances of a scenario overlap is not checked
+    (the ids are given out per shape): each (profile, start) is still one instance's only.
+    """
+    starts: dict[int, int] = {}
+    shapes = {gi: (spec.compute_slices, spec.memory_slices) for gi, spec in instances.items()}
+    for gi, shape in sorted(shapes.items()):
+        ids = _MIG_INSTANCE_IDS[shape]
+        if gi in ids:
+            starts[gi] = mig_placement_starts(*shape)[ids.index(gi)]
+    for gi, shape in sorted(shapes.items()):
+        if gi not in starts:
+            held = {start for other, start in starts.items() if shapes[other] == shape}
+            free = [start for start in mig_placement_starts(*shape) if start not in held]
+            starts[gi] = free[0] if free else 0
+    return starts
+
+
 def mig_profile_releases(name: str, profile: MigProfile) -> branches.Releases | None:
     """The driver releases that have MIG profile ``name``; None: every release simulated."""
     suffix = _MIG_SUFFIX.sub(r"\1", name)
@@ -920,8 +958,14 @@ class _MigLayout:
             raise _fail(path, "expected at least one instance")
         devices.sort(key=lambda d: (d.gpu_instance_id, d.compute_instance_id))
         first: dict[int, int] = {}
+        starts = _placement_starts({d.gpu_instance_id: d for d in devices})
         return tuple(
-            replace(d, slot=slot, first_slot=first.setdefault(d.gpu_instance_id, slot))
+            replace(
+                d,
+                slot=slot,
+                first_slot=first.setdefault(d.gpu_instance_id, slot),
+                placement_start=starts[d.gpu_instance_id],
+            )
             for slot, d in enumerate(devices)
         )
 
