@@ -28,11 +28,12 @@ nvmlDeviceGetMinorNumber's, nvlib.go) and
 ``gpu-<parent minor>-mig-<profile name>-<GPU instance profile id>-<placement start>`` for a MIG
 device (mig.go, MigSpecTuple.ToCanonicalName; its own parser, canonicalMigNameRegex, reads the
 three numbers and ignores the name). A MIG device is the GPU instance whose nvmlGpuInstanceGetInfo
-gives that profile id and placement start, as the driver finds it (nvlib.go, FindMigDevBySpec);
-NVML answers that call to a privileged user only. Devices passed through to VMs,
-``gpu-vfio-<index>`` (deviceinfo.go, VfioDeviceInfo.CanonicalName), are bound to vfio-pci and
-invisible to NVML: they are skipped. A name of another shape, or one that no GPU matches, leaves
-its containers without gpu_pod_info and is logged once (a WARNING naming the device and why).
+(of nvmlDeviceGetGpuInstanceById's handle) gives that profile id and placement start, as the
+driver finds it (nvlib.go, FindMigDevBySpec); NVML answers a privileged user only. Devices
+passed through to VMs, ``gpu-vfio-<index>`` (deviceinfo.go, VfioDeviceInfo.CanonicalName), are
+bound to vfio-pci and invisible to NVML: they are skipped. A name of another shape, or one that
+no GPU matches, leaves its containers without gpu_pod_info and is logged once (a WARNING naming
+the device and why).
 
 The List call is started without waiting and read on a later cycle, so a kubelet that
 hangs delays nothing; its deadline is `timeout`. The last answer is kept through a few
