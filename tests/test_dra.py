@@ -165,8 +165,9 @@ def test_claims_on_a_whole_gpu_and_on_mig_devices_give_gpu_pod_info(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, logger=LOGGER)
-    # h100-mig: GPU 0 in MIG mode with 3g.40gb in GPU instance 1 (memory slices 0-3) and
-    # 2g.20gb in 3 and 4 (placements 0 and 2, as the scenario gives them out); GPU 1 whole.
+    # h100-mig: GPU 0 in MIG mode with 3g.40gb in GPU instance 1 (memory slices 4-7: its first
+    # placement, 0, is where the two 2g.20gb fit) and 2g.20gb in 3 and 4 (slices 0-1 and 2-3);
+    # GPU 1 whole.
     collection = node("h100-mig", socket_dir / "kubelet.sock")
     collections.append(collection)
     gpus = uuids(scrape(collection))
@@ -178,7 +179,7 @@ def test_claims_on_a_whole_gpu_and_on_mig_devices_give_gpu_pod_info(
                 "ml",
                 "big",
                 {"main": [("nvidia.com/gpu", [gpus["1"]])]},
-                {"main": [claim("big", "gpu-0-mig-3g40gb-9-0")], "side": [claim("s", "gpu-1")]},
+                {"main": [claim("big", "gpu-0-mig-3g40gb-9-4")], "side": [claim("s", "gpu-1")]},
             ),
             # Another driver's devices, even with names like NVIDIA's, are not GPUs of NVML.
             Pod("ml", "other", claims={"main": [claim("x", "gpu-1", driver="gpu.example.com")]}),

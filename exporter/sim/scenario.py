@@ -229,26 +229,40 @@ def mig_placement_starts(compute_slices: int, memory_slices: int) -> tuple[int, 
 
 
 def _placement_starts(instances: Mapping[int, MigInstanceSpec]) -> dict[int, int]:
-    """Each GPU instance's placement start, by GPU instance id.
+    """Each GPU instance's placement start, by GPU instance id, in a layout where none overlap.
 
     The k-th id of a shape in `_MIG_INSTANCE_IDS` is the one NVML gives its k-th placement: the
-    recorded H200's 3g.71gb (id 2), 2g.35gb (3) and 1g.18gb (9, 10) then start at memory slices
-    4, 0, 2 and 3, side by side. An id outside its shape's list takes the first start that no
-    other instance of its shape holds. Whether the instances of a scenario overlap is not checked
-    (the ids are given out per shape): each (profile, start) is still one instance's only.
+    recorded H200's 3g.71gb (id 2), 2g.35gb (3) and 1g.18gb (9, 10) start at memory slices 4, 0, 2
+    and 3, side by side. Each instance tries its id's placement first, then the others in order,
+    and the first layout in which no two share a memory or a compute slice wins (the simulator
+    counts an instance's compute slices from its start too, as `mig_placement_starts` keeps them
+    within 7). Instances that fit no such layout keep their ids' placements.
     """
-    starts: dict[int, int] = {}
-    shapes = {gi: (spec.compute_slices, spec.memory_slices) for gi, spec in instances.items()}
-    for gi, shape in sorted(shapes.items()):
-        ids = _MIG_INSTANCE_IDS[shape]
-        if gi in ids:
-            starts[gi] = mig_placement_starts(*shape)[ids.index(gi)]
-    for gi, shape in sorted(shapes.items()):
-        if gi not in starts:
-            held = {start for other, start in starts.items() if shapes[other] == shape}
-            free = [start for start in mig_placement_starts(*shape) if start not in held]
-            starts[gi] = free[0] if free else 0
-    return starts
+    order = sorted(instances)
+    shapes = {gi: (instances[gi].compute_slices, instances[gi].memory_slices) for gi in order}
+
+    def preferred(gi: int) -> list[int]:
+        starts = mig_placement_starts(*shapes[gi])
+        ids = _MIG_INSTANCE_IDS[shapes[gi]]
+        first = starts[ids.index(gi)] if gi in ids else starts[0]
+        return [first, *(start for start in starts if start != first)]
+
+    def place(k: int, memory: frozenset[int], compute: frozenset[int]) -> list[int] | None:
+        if k == len(order):
+            return []
+        compute_slices, memory_slices = shapes[order[k]]
+        for start in preferred(order[k]):
+            taking = frozenset(range(start, start + memory_slices))
+            computing = frozenset(range(start, start + compute_slices))
+            if taking & memory or computing & compute:
+                continue
+            rest = place(k + 1, memory | taking, compute | computing)
+            if rest is not None:
+                return [start, *rest]
+        return None
+
+    starts = place(0, frozenset(), frozenset()) or [preferred(gi)[0] for gi in order]
+    return dict(zip(order, starts, strict=True))
 
 
 def mig_profile_releases(name: str, profile: MigProfile) -> branches.Releases | None:
