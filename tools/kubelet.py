@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,15 +23,25 @@ from exporter.sim.kubelet import PodResourcesServer
 
 @dataclass
 class Pod:
-    """A pod the fake kubelet reports, with the devices allocated to each container."""
+    """A pod the fake kubelet reports, with the devices allocated to each container.
+
+    ``claims`` are Dynamic Resource Allocation claims, reported as the kubelet does in
+    ``dynamic_resources``: each (claim name, driver name, [device names]) is a ResourceClaim in
+    the pod's namespace whose devices come from one pool, ``node``. A device's CDI name is the
+    one NVIDIA's DRA driver gives it (k8s-dra-driver-gpu, cmd/gpu-kubelet-plugin/cdi.go
+    GetClaimDeviceName: ``k8s.<driver>/claim=<claim UID>-<device name>``).
+    """
 
     namespace: str
     name: str
     # container name -> [(resource name, [device ids])]
     containers: dict[str, list[tuple[str, list[str]]]] = field(default_factory=dict)
+    # container name -> [(claim name, driver name, [device names])]
+    claims: dict[str, list[tuple[str, str, list[str]]]] = field(default_factory=dict)
 
     def message(self) -> api.PodResources:
         """The pod as the PodResources API describes it."""
+        names = dict.fromkeys([*self.containers, *self.claims])
         return api.PodResources(
             name=self.name,
             namespace=self.namespace,
@@ -43,11 +54,30 @@ class Pod:
                             device_ids=ids,
                             topology=api.TopologyInfo(nodes=[api.NUMANode(ID=0)]),
                         )
-                        for resource, ids in devices
+                        for resource, ids in self.containers.get(container, [])
                     ],
                     cpu_ids=[2, 3],
+                    dynamic_resources=[
+                        self._claim(*claim) for claim in self.claims.get(container, [])
+                    ],
                 )
-                for container, devices in self.containers.items()
+                for container in names
+            ],
+        )
+
+    def _claim(self, name: str, driver: str, devices: list[str]) -> api.DynamicResource:
+        uid = uuid.uuid5(uuid.NAMESPACE_URL, f"claim:{self.namespace}/{name}")
+        return api.DynamicResource(
+            claim_name=name,
+            claim_namespace=self.namespace,
+            claim_resources=[
+                api.ClaimResource(
+                    driver_name=driver,
+                    pool_name="node",
+                    device_name=device,
+                    cdi_devices=[api.CDIDevice(name=f"k8s.{driver}/claim={uid}-{device}")],
+                )
+                for device in devices
             ],
         )
 

@@ -3,8 +3,8 @@
 Families:
     gpu_pod_info{gpu,uuid,pod,namespace,container,mig_instance}: 1 for each GPU (or MIG
         instance: `mig_instance` is its GPU instance id, empty for a whole GPU) and each
-        container a device plugin allocated it to, from the kubelet's PodResources API
-        (List). Join a per-GPU series to its pod with
+        container a device plugin or a DRA claim allocated it to, from the kubelet's
+        PodResources API (List). Join a per-GPU series to its pod with
         ``gpu_utilization_ratio * on(instance, gpu, uuid) group_left(pod, namespace) gpu_pod_info``
         (with time-sliced GPUs, several pods share one: put gpu_pod_info on the left).
     gpuload_kubernetes_pod_resources_up: 1 if the kubelet's last List answer arrived in
@@ -19,6 +19,21 @@ name, ``nvidiaN``, N being the GPU's minor number (nvmlDeviceGetMinorNumber). Th
 mapped to GPU indices with what NVML reports (nvmlDeviceGetUUID and the minor number on each
 GPU and, in MIG mode, the UUID of each MIG device handle), read only when an answer names a
 device not mapped yet.
+
+Devices of Dynamic Resource Allocation claims are taken from NVIDIA's DRA driver only (driver
+``gpu.nvidia.com``; https://github.com/NVIDIA/k8s-dra-driver-gpu at 22407113785e,
+cmd/gpu-kubelet-plugin/main.go DriverName), by the names its ResourceSlices give them:
+``gpu-<minor>`` for a whole GPU (deviceinfo.go, GpuInfo.CanonicalName: the minor number is
+nvmlDeviceGetMinorNumber's, nvlib.go) and
+``gpu-<parent minor>-mig-<profile name>-<GPU instance profile id>-<placement start>`` for a MIG
+device (mig.go, MigSpecTuple.ToCanonicalName; its own parser, canonicalMigNameRegex, reads the
+three numbers and ignores the name). A MIG device is the GPU instance whose nvmlGpuInstanceGetInfo
+(of nvmlDeviceGetGpuInstanceById's handle) gives that profile id and placement start, as the
+driver finds it (nvlib.go, FindMigDevBySpec); NVML answers a privileged user only. Devices
+passed through to VMs, ``gpu-vfio-<index>`` (deviceinfo.go, VfioDeviceInfo.CanonicalName), are
+bound to vfio-pci and invisible to NVML: they are skipped. A name of another shape, or one that
+no GPU matches, leaves its containers without gpu_pod_info and is logged once (a WARNING naming
+the device and why).
 
 The List call is started without waiting and read on a later cycle, so a kubelet that
 hangs delays nothing; its deadline is `timeout`. The last answer is kept through a few
@@ -113,6 +128,12 @@ _NVIDIA_RESOURCE = "nvidia.com/"
 _KUBELET_CAUSES = {"DEADLINE_EXCEEDED": "kubelet_slow", "INTERNAL": "kubelet_garbage"}
 _REPLICA_SUFFIX = re.compile(r"::\d+$")
 _LEGACY_MIG_ID = re.compile(r"^MIG-(GPU-[0-9a-fA-F-]+)/(\d+)/\d+$")
+# NVIDIA's DRA driver and the names of its devices (the module docstring cites each shape).
+DRA_DRIVER = "gpu.nvidia.com"
+_DRA_GPU = re.compile(r"^gpu-(\d+)$")
+_DRA_MIG = re.compile(r"^gpu-(\d+)-mig-(.+)-(\d+)-(\d+)$")
+_DRA_VFIO = re.compile(r"^gpu-vfio-\d+$")
+_DRA_SHAPES = "gpu-<minor> or gpu-<minor>-mig-<profile>-<profile id>-<placement start>"
 
 
 @dataclass(frozen=True)
@@ -297,9 +318,31 @@ class KubernetesCollector:
         self._problems.resolve("list", "collector kubernetes: the kubelet answers again")
         self._up = True
         self._answered_at = now
-        self._allocations = [a for a in found if a.resource.startswith(_NVIDIA_RESOURCE)]
+        self._allocations = [a for a in found if _attributable(a)]
         if any(resolve(a.device_id, self._directory) is None for a in self._allocations):
             self._directory = read_directory(read)
+        self._report_claims()
+
+    def _report_claims(self) -> None:
+        """Log once each DRA device that names no GPU here, and once when it does again."""
+        claims: dict[str, set[str]] = {}
+        for allocation in self._allocations:
+            if allocation.claim:
+                claims.setdefault(allocation.device_id, set()).add(allocation.claim)
+        for name, claimed in sorted(claims.items()):
+            key = ("claim", name)
+            if resolve(name, self._directory) is not None:
+                self._problems.resolve(key, "collector kubernetes: DRA device %s attributed", name)
+                continue
+            self._problems.report(
+                key,
+                "collector kubernetes: DRA device %s of driver %s (claims %s) is not attributed, "
+                "no gpu_pod_info for its containers: %s",
+                name,
+                DRA_DRIVER,
+                ", ".join(sorted(claimed)),
+                _unattributed(name, self._directory),
+            )
 
     def _list_failed(self, cause: str, why: str) -> None:
         self._up = False
@@ -339,8 +382,18 @@ def _socket_problem(path: str) -> str | None:
     return None
 
 
+def _attributable(allocation: Allocation) -> bool:
+    """Whether an allocation is an NVIDIA GPU's: a device plugin's or NVIDIA's DRA driver's."""
+    if allocation.resource == DRA_DRIVER:
+        return not _DRA_VFIO.match(allocation.device_id)
+    return allocation.resource.startswith(_NVIDIA_RESOURCE)
+
+
 def resolve(device_id: str, directory: dict[str, Target]) -> Target | None:
-    """The GPU (and MIG instance) a device plugin's device id names, or None."""
+    """The GPU (and MIG instance) a device plugin's device id or a DRA device name names, or None.
+
+    Device plugins' ids (UUIDs, indices, ``nvidiaN``) never take the DRA driver's shapes.
+    """
     device_id = _REPLICA_SUFFIX.sub("", device_id)
     if device_id in directory:
         return directory[device_id]
@@ -348,7 +401,32 @@ def resolve(device_id: str, directory: dict[str, Target]) -> Target | None:
     if legacy and legacy.group(1) in directory:
         parent = directory[legacy.group(1)]
         return Target(parent.gpu, parent.uuid, legacy.group(2))
+    claimed = _DRA_MIG.match(device_id)
+    if claimed:
+        minor, _profile, profile_id, start = claimed.groups()
+        return directory.get(_mig_key(int(minor), int(profile_id), int(start)))
     return None
+
+
+def _mig_key(minor: int, profile_id: int, placement_start: int) -> str:
+    """The directory's key for a MIG GPU instance as the DRA driver places it (no profile name)."""
+    return f"gpu-{minor}-mig-{profile_id}-{placement_start}"
+
+
+def _unattributed(name: str, directory: dict[str, Target]) -> str:
+    """Why a DRA device name names no GPU of this node."""
+    mig = _DRA_MIG.match(name)
+    shape = mig or _DRA_GPU.match(name)
+    if shape is None:
+        return f"expected a device name {_DRA_SHAPES} (NVIDIA's DRA driver)"
+    minor = int(shape.group(1))
+    parent = directory.get(f"gpu-{minor}")
+    if parent is None or mig is None:
+        return f"no GPU has minor number {minor} (nvmlDeviceGetMinorNumber)"
+    return (
+        f"GPU {parent.gpu} has no MIG GPU instance of profile id {mig.group(3)} at memory slice "
+        f"{mig.group(4)} (nvmlGpuInstanceGetInfo, which NVML answers a privileged user only)"
+    )
 
 
 def read_directory(read: Reader) -> dict[str, Target]:
@@ -363,13 +441,30 @@ def read_directory(read: Reader) -> dict[str, Target]:
         directory[identity.uuid] = directory[str(index)] = gpu
         minor = read(device.minor_number)
         if minor is not None:
-            directory[f"nvidia{minor}"] = gpu
-        if not read(device.mig_mode_enabled):
-            continue
-        for instance in read(device.mig_devices) or []:
-            mig = read(instance.device.identity)
-            if mig is not None:
-                directory[mig.uuid] = Target(gpu.gpu, gpu.uuid, str(instance.gpu_instance))
+            # GKE's device plugin and NVIDIA's DRA driver name a GPU by its minor number.
+            directory[f"nvidia{minor}"] = directory[f"gpu-{minor}"] = gpu
+        if read(device.mig_mode_enabled):
+            directory.update(_mig_directory(read, device, gpu, minor))
+    return directory
+
+
+def _mig_directory(
+    read: Reader, device: nvml.Device, gpu: Target, minor: int | None
+) -> dict[str, Target]:
+    """A MIG GPU's MIG device UUIDs and, with its minor number, its GPU instances' DRA keys."""
+    directory: dict[str, Target] = {}
+    placed: set[int] = set()
+    for instance in read(device.mig_devices) or []:
+        target = Target(gpu.gpu, gpu.uuid, str(instance.gpu_instance))
+        mig = read(instance.device.identity)
+        if mig is not None:
+            directory[mig.uuid] = target
+        if minor is None or instance.gpu_instance in placed:
+            continue  # a GPU instance's compute instances share its placement
+        placed.add(instance.gpu_instance)
+        info = read(device.gpu_instance_info, instance.gpu_instance)
+        if info is not None:
+            directory[_mig_key(minor, info.profile_id, info.placement_start)] = target
     return directory
 
 

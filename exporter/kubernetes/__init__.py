@@ -27,10 +27,17 @@ class PodResourcesError(Exception):
 
 @dataclass(frozen=True)
 class Allocation:
-    """One device that a device plugin allocated to one container."""
+    """One device allocated to one container, by a device plugin or through a DRA claim.
+
+    For a device plugin, ``resource`` is the resource name (``nvidia.com/gpu``) and
+    ``device_id`` the plugin's id for the device. For Dynamic Resource Allocation, ``resource``
+    is the DRA driver's name (``gpu.nvidia.com``), ``device_id`` the device's name in the
+    driver's ResourceSlice (``gpu-0``) and ``claim`` the ResourceClaim, ``namespace/name``.
+    """
 
     namespace: str
     pod: str
     container: str
     resource: str
     device_id: str
+    claim: str = ""

@@ -4,7 +4,10 @@ The kubelet serves it over gRPC on a unix socket, by default
 ``/var/lib/kubelet/pod-resources/kubelet.sock``. ``List`` answers every pod on the node
 with the devices that device plugins allocated to each of its containers: for the NVIDIA
 device plugin, resource ``nvidia.com/gpu`` (or ``nvidia.com/mig-1g.10gb`` ...) and device
-ids that are GPU or MIG UUIDs.
+ids that are GPU or MIG UUIDs. Where the kubelet's ``KubeletPodResourcesDynamicResources``
+feature gate is on (beta, on by default, from Kubernetes 1.34), each container also lists the
+devices of its Dynamic Resource Allocation claims (``dynamic_resources``): the claim, and per
+device the DRA driver's name, its pool and the device's name in the driver's ResourceSlice.
 
 Calls are started without blocking (`PodResourcesClient.start_list`) so that a kubelet
 that does not answer never holds up a collection cycle; gRPC's deadline ends them.
@@ -79,14 +82,33 @@ class PodResourcesClient:
 
 
 def allocations(response: api.ListPodResourcesResponse) -> list[Allocation]:
-    """Flatten a `List` answer into one `Allocation` per container and device id."""
-    return [
+    """Flatten a `List` answer into one `Allocation` per container and device.
+
+    A device plugin's device gives its resource name and device id; a DRA claim's device gives
+    its driver's name, its device name and the claim.
+    """
+    found = [
         Allocation(pod.namespace, pod.name, container.name, devices.resource_name, device_id)
         for pod in response.pod_resources
         for container in pod.containers
         for devices in container.devices
         for device_id in devices.device_ids
     ]
+    found += [
+        Allocation(
+            pod.namespace,
+            pod.name,
+            container.name,
+            device.driver_name,
+            device.device_name,
+            f"{claim.claim_namespace}/{claim.claim_name}",
+        )
+        for pod in response.pod_resources
+        for container in pod.containers
+        for claim in container.dynamic_resources
+        for device in claim.claim_resources
+    ]
+    return found
 
 
 def _error(error: grpc.RpcError) -> PodResourcesError:

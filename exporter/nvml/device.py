@@ -143,6 +143,20 @@ class MigDevice:
         return _COMPUTE_SLICES_PREFIX.sub("", self.profile)
 
 
+@dataclass(frozen=True)
+class GpuInstanceInfo:
+    """A MIG GPU instance's profile and where it sits (nvmlGpuInstanceGetInfo).
+
+    ``profile_id`` is the id ``nvidia-smi mig -lgip`` lists (19 for 1g.10gb, 0 for 7g.80gb);
+    ``placement_start`` and ``placement_size`` count the GPU's memory slices, as
+    ``nvidia-smi mig -lgipp`` does.
+    """
+
+    profile_id: int
+    placement_start: int
+    placement_size: int
+
+
 _SAMPLE_TYPES = {
     "gpu": pynvml.NVML_GPU_UTILIZATION_SAMPLES,
     "memory": pynvml.NVML_MEMORY_UTILIZATION_SAMPLES,
@@ -649,6 +663,18 @@ class Device:
                 )
             )
         return found
+
+    def gpu_instance_info(self, gpu_instance: int) -> GpuInstanceInfo:
+        """nvmlDeviceGetGpuInstanceById, nvmlGpuInstanceGetInfo: one MIG GPU instance's profile.
+
+        NVML lists it for a privileged user only (nvml.h: "Requires privileged user").
+        """
+        with translated():
+            handle = pynvml.nvmlDeviceGetGpuInstanceById(self._handle, gpu_instance)
+            info = pynvml.nvmlGpuInstanceGetInfo(handle)
+        return GpuInstanceInfo(
+            int(info.profileId), int(info.placement.start), int(info.placement.size)
+        )
 
     def gpm_supported(self) -> bool:
         """nvmlGpmQueryDeviceSupport: GPU performance monitoring (Hopper and newer)."""

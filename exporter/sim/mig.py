@@ -10,26 +10,41 @@ answer NOT_SUPPORTED in MIG mode;
 memory and processes are the instances' (processes carry their GPU and compute instance ids). A
 MIG handle reaches only the functions registered with ``mig=True`` (name, UUID, memory, processes,
 attributes and the calls below); the others answer NOT_SUPPORTED.
+
+nvmlDeviceGetGpuInstanceById hands out a GPU instance handle, which nvmlGpuInstanceGetInfo reads:
+the instance's id, its profile id (as ``nvidia-smi mig -lgip`` lists it, exporter.sim.model
+MIG_PROFILES) and its placement (`exporter.sim.scenario.mig_placement_starts`); the returns are
+nvml.h's (go-nvml pkg/nvml/nvml.h :13062-13100).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter.sim import records
+from exporter.sim.device import HANDLE_BASE, HANDLE_STRIDE
 from exporter.sim.functions import (
     INVALID_ARGUMENT,
     NOT_FOUND,
     NOT_SUPPORTED,
     SUCCESS,
     Call,
+    address,
     device,
     integer,
     target,
     write_pointer,
 )
+from exporter.sim.model import MIG_PROFILES
+
+if TYPE_CHECKING:
+    from exporter.sim.device import MigDevice
+    from exporter.sim.library import SimulatedNvml
 
 MAX_MIG_DEVICES = 7
+# A GPU instance handle lies in its GPU's handle stride past the MIG device handles: the GPU's
+# handle plus this plus the instance id (ids go up to 14), never taken for a device handle.
+_GPU_INSTANCE_HANDLE = 0x80
 
 # Streaming multiprocessors per compute slice (A100: 98 of 108 SMs usable in MIG, 14 per slice;
 # H100 SXM: 132 SMs, 16 per slice, as nvidia-smi mig -lgip reports).
@@ -128,3 +143,37 @@ def _media_engines(architecture: str, profile: str, slices: int) -> tuple[int, i
     if architecture == "hopper":
         return slices, slices, slices // 7
     return slices // 2, slices // 7, slices // 7
+
+
+@device("nvmlDeviceGetGpuInstanceById")
+def _gpu_instance_by_id(call: Call, instance_id: Any, ref: Any) -> int:
+    gpu, wanted = call.device, integer(instance_id)
+    if not gpu.mig:
+        return NOT_SUPPORTED  # nvml.h: "If device doesn't have MIG mode enabled"
+    if not any(m.gpu_instance_id == wanted for m in gpu.mig):
+        return NOT_FOUND
+    return write_pointer(ref, gpu.handle_address + _GPU_INSTANCE_HANDLE + wanted)
+
+
+def _locate_gpu_instance(sim: SimulatedNvml, args: tuple[Any, ...]) -> MigDevice | int:
+    """The first MIG device of the GPU instance a handle names, so that its GPU's faults apply."""
+    offset = address(args[0]) - HANDLE_BASE
+    index, within = offset // HANDLE_STRIDE - 1, offset % HANDLE_STRIDE - _GPU_INSTANCE_HANDLE
+    if not 0 <= index < len(sim.gpus) or within < 0:
+        return INVALID_ARGUMENT
+    instances = sim.gpus[index].mig
+    return next((m for m in instances if m.gpu_instance_id == within), INVALID_ARGUMENT)
+
+
+@device("nvmlGpuInstanceGetInfo", locate=_locate_gpu_instance, mig=True)
+def _gpu_instance_info(call: Call, _handle: Any, ref: Any) -> int:
+    assert call.mig is not None
+    spec = call.mig.spec
+    info = records.GpuInstanceInfo()
+    info.device = call.device.handle_address
+    info.id = spec.gpu_instance_id
+    info.profileId = MIG_PROFILES[call.device.model.mig_profiles][spec.profile].profile_id
+    info.placement.start = spec.placement_start
+    info.placement.size = spec.memory_slices
+    records.write(ref, info)
+    return SUCCESS

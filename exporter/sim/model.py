@@ -36,6 +36,7 @@ class MigProfile:
     compute_slices: int  # of the GPU's 7
     memory_slices: int  # of the GPU's 8
     most: int  # instances of this profile one GPU holds at most
+    profile_id: int  # its GPU instance profile id, as nvidia-smi mig -lgip lists it
     # Memory NVML reports for an instance, in MiB; 0: its memory slices' share of the GPU's less
     # ~2.5 % that the driver keeps (a 1g.10gb instance of an A100 80GB reports 9984 MiB).
     memory_mib: int = 0
@@ -43,14 +44,19 @@ class MigProfile:
 
 # MIG user guide (v580), "Supported MIG Profiles": Table 7 (H100) and the note to Table 6 (A100
 # 80GB: "1g.10gb, 1g.10gb+me, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb"), same names and shapes.
+# Profile ids (nvmlGpuInstanceGetInfo's profileId) as `nvidia-smi mig -lgip` lists them, by shape:
+# 19 (1g), 20 (1g+me), 15 (1g, 2 memory slices), 14 (2g), 9 (3g), 5 (4g), 0 (7g), as in the MIG
+# user guide's "List GPU instance profiles" example. NVIDIA's DRA driver names MIG devices by them
+# (k8s-dra-driver-gpu 22407113785e, cmd/gpu-kubelet-plugin/partitions.go "gpu-2-mig-1g24gb-19-0",
+# device_state.go "gpu-1-mig-2g47gb-14-0").
 _MIG_80GB = {
-    "1g.10gb": MigProfile(1, 1, 7),
-    "1g.10gb+me": MigProfile(1, 1, 1),
-    "1g.20gb": MigProfile(1, 2, 4),
-    "2g.20gb": MigProfile(2, 2, 3),
-    "3g.40gb": MigProfile(3, 4, 2),
-    "4g.40gb": MigProfile(4, 4, 1),
-    "7g.80gb": MigProfile(7, 8, 1),
+    "1g.10gb": MigProfile(1, 1, 7, 19),
+    "1g.10gb+me": MigProfile(1, 1, 1, 20),
+    "1g.20gb": MigProfile(1, 2, 4, 15),
+    "2g.20gb": MigProfile(2, 2, 3, 14),
+    "3g.40gb": MigProfile(3, 4, 2, 9),
+    "4g.40gb": MigProfile(4, 4, 1, 5),
+    "7g.80gb": MigProfile(7, 8, 1, 0),
 }
 # A model's `mig_profiles` names one of these tables: the profiles its GPUs can be split into.
 MIG_PROFILES: dict[str, dict[str, MigProfile]] = {
@@ -60,13 +66,13 @@ MIG_PROFILES: dict[str, dict[str, MigProfile]] = {
     # 16.00, 32.50 and 140.00 GiB for 1g.18gb+me, 2g.35gb and 7g.141gb in an H200's
     # `nvidia-smi mig -lgip`; 1g.35gb and 4g.71gb have the memory slices of 2g.35gb and 3g.71gb.
     "h200-141gb": {
-        "1g.18gb": MigProfile(1, 1, 7, 16384),
-        "1g.18gb+me": MigProfile(1, 1, 1, 16384),
-        "1g.35gb": MigProfile(1, 2, 4, 33280),
-        "2g.35gb": MigProfile(2, 2, 3, 33280),
-        "3g.71gb": MigProfile(3, 4, 2, 71424),
-        "4g.71gb": MigProfile(4, 4, 1, 71424),
-        "7g.141gb": MigProfile(7, 8, 1, 143360),
+        "1g.18gb": MigProfile(1, 1, 7, 19, 16384),
+        "1g.18gb+me": MigProfile(1, 1, 1, 20, 16384),
+        "1g.35gb": MigProfile(1, 2, 4, 15, 33280),
+        "2g.35gb": MigProfile(2, 2, 3, 14, 33280),
+        "3g.71gb": MigProfile(3, 4, 2, 9, 71424),
+        "4g.71gb": MigProfile(4, 4, 1, 5, 71424),
+        "7g.141gb": MigProfile(7, 8, 1, 0, 143360),
     },
 }
 NVLINK_ERROR_COUNTERS = ("replay", "recovery", "crc_flit", "crc_data", "ecc_data")
@@ -159,6 +165,7 @@ class MigInstanceSpec:
     compute_instance_id: int = 0
     compute_instance_slices: int = 0  # 0: the whole GPU instance
     first_slot: int = 0  # the slot of its GPU instance's first compute instance
+    placement_start: int = 0  # the GPU instance's first memory slice (nvmlGpuInstanceGetInfo)
 
     @property
     def name(self) -> str:

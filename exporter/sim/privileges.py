@@ -7,6 +7,7 @@ user), or ``unprivileged-no-host-pid`` (a container without ``hostPID``). Source
   nvmlDeviceGetBAR1MemoryInfo does not, so it is not refused here.
 - DCGM issue 214 (driver 550.90.07): nvmlGpmSampleGet answered NO_PERMISSION (4) in a container
   without ``--privileged``. nvml.h does not document it; this is the plausible answer to show.
+- nvml.h, nvmlDeviceGetGpuInstanceById: "Requires privileged user"; it lists NO_PERMISSION.
 - open-gpu-kernel-modules ``_gpuConvertPid`` / ``os_find_ns_pid``: a process outside the caller's
   PID namespace is skipped, so such a caller sees empty process lists.
 - nvml.h, nvmlEventSetWait_v2: "In MIG mode, if device handle is provided, the API reports all
@@ -31,7 +32,7 @@ _MIG_ROOT_ONLY = frozenset(
         "nvmlDeviceGetGraphicsRunningProcesses_v3",
     }
 )
-_ROOT_ONLY = frozenset({"nvmlGpmSampleGet", "nvmlGpmMigSampleGet"})
+_ROOT_ONLY = frozenset({"nvmlGpmSampleGet", "nvmlGpmMigSampleGet", "nvmlDeviceGetGpuInstanceById"})
 
 
 def refused(caller: str, function: str, *, mig_enabled: bool, on_mig_handle: bool) -> bool:

@@ -242,6 +242,23 @@ class DeviceAttributes(ctypes.Structure):
     ]
 
 
+class GpuInstancePlacement(ctypes.Structure):
+    """nvmlGpuInstancePlacement_t (:12570): memory slices, the first and how many."""
+
+    _fields_ = [("start", ctypes.c_uint), ("size", ctypes.c_uint)]
+
+
+class GpuInstanceInfo(ctypes.Structure):
+    """nvmlGpuInstanceInfo_t (:12652): nvmlGpuInstanceGetInfo."""
+
+    _fields_ = [
+        ("device", ctypes.c_void_p),
+        ("id", ctypes.c_uint),
+        ("profileId", ctypes.c_uint),
+        ("placement", GpuInstancePlacement),
+    ]
+
+
 class GpmSupport(ctypes.Structure):
     """nvmlGpmSupport_t (:13866): nvmlGpmQueryDeviceSupport."""
 

@@ -226,6 +226,58 @@ def mig_instance_ids(profile: MigProfile) -> tuple[int, ...]:
     return _MIG_INSTANCE_IDS[(profile.compute_slices, profile.memory_slices)]
 
 
+def mig_placement_starts(compute_slices: int, memory_slices: int) -> tuple[int, ...]:
+    """The memory slices a GPU instance of this shape may start at, in order.
+
+    As ``nvidia-smi mig -lgipp`` lists them (MIG user guide, "List the possible placements"):
+    ``{0,1,2,3,4,5,6}:1`` for 1g.10gb, ``{0,2,4,6}:2`` for 1g.20gb, ``{0,2,4}:2`` for 2g.20gb,
+    ``{0,4}:4`` for 3g.40gb, ``{0}:4`` for 4g.40gb, ``{0}:8`` for 7g.80gb: a multiple of the
+    instance's memory slices, within the GPU's 8 memory and 7 compute slices.
+    """
+    return tuple(
+        start
+        for start in range(0, 8, memory_slices)
+        if start + memory_slices <= 8 and start + compute_slices <= 7
+    )
+
+
+def _placement_starts(instances: Mapping[int, MigInstanceSpec]) -> dict[int, int]:
+    """Each GPU instance's placement start, by GPU instance id, in a layout where none overlap.
+
+    The k-th id of a shape in `_MIG_INSTANCE_IDS` is the one NVML gives its k-th placement: the
+    recorded H200's 3g.71gb (id 2), 2g.35gb (3) and 1g.18gb (9, 10) start at memory slices 4, 0, 2
+    and 3, side by side. Each instance tries its id's placement first, then the others in order,
+    and the first layout in which no two share a memory or a compute slice wins (the simulator
+    counts an instance's compute slices from its start too, as `mig_placement_starts` keeps them
+    within 7). Instances that fit no such layout keep their ids' placements.
+    """
+    order = sorted(instances)
+    shapes = {gi: (instances[gi].compute_slices, instances[gi].memory_slices) for gi in order}
+
+    def preferred(gi: int) -> list[int]:
+        starts = mig_placement_starts(*shapes[gi])
+        ids = _MIG_INSTANCE_IDS[shapes[gi]]
+        first = starts[ids.index(gi)] if gi in ids else starts[0]
+        return [first, *(start for start in starts if start != first)]
+
+    def place(k: int, memory: frozenset[int], compute: frozenset[int]) -> list[int] | None:
+        if k == len(order):
+            return []
+        compute_slices, memory_slices = shapes[order[k]]
+        for start in preferred(order[k]):
+            taking = frozenset(range(start, start + memory_slices))
+            computing = frozenset(range(start, start + compute_slices))
+            if taking & memory or computing & compute:
+                continue
+            rest = place(k + 1, memory | taking, compute | computing)
+            if rest is not None:
+                return [start, *rest]
+        return None
+
+    starts = place(0, frozenset(), frozenset()) or [preferred(gi)[0] for gi in order]
+    return dict(zip(order, starts, strict=True))
+
+
 def mig_profile_releases(name: str, profile: MigProfile) -> branches.Releases | None:
     """The driver releases that have MIG profile ``name``; None: every release simulated."""
     suffix = _MIG_SUFFIX.sub(r"\1", name)
@@ -872,8 +924,14 @@ class _MigLayout:
             raise _fail(path, "expected at least one instance")
         devices.sort(key=lambda d: (d.gpu_instance_id, d.compute_instance_id))
         first: dict[int, int] = {}
+        starts = _placement_starts({d.gpu_instance_id: d for d in devices})
         return tuple(
-            replace(d, slot=slot, first_slot=first.setdefault(d.gpu_instance_id, slot))
+            replace(
+                d,
+                slot=slot,
+                first_slot=first.setdefault(d.gpu_instance_id, slot),
+                placement_start=starts[d.gpu_instance_id],
+            )
             for slot, d in enumerate(devices)
         )
 

@@ -285,6 +285,52 @@ def test_mig_devices_have_their_own_identity_memory_and_processes() -> None:
     )
 
 
+def test_gpu_instances_give_their_profile_id_and_placement_to_root_only() -> None:
+    install("a100-mig", pinned_time=100.0, caller="root")
+    pynvml.nvmlInit()
+    # GPU 0: seven 1g.10gb (profile id 19) in GPU instances 7-13, at memory slices 0-6, as
+    # `nvidia-smi mig -lgipp` places 1g.10gb ({0,1,2,3,4,5,6}:1).
+    parent = pynvml.nvmlDeviceGetHandleByIndex(0)
+    infos = [
+        pynvml.nvmlGpuInstanceGetInfo(pynvml.nvmlDeviceGetGpuInstanceById(parent, gpu_instance))
+        for gpu_instance in range(7, 14)
+    ]
+    assert [(i.id, i.profileId, i.placement.start, i.placement.size) for i in infos] == [
+        (gpu_instance, 19, gpu_instance - 7, 1) for gpu_instance in range(7, 14)
+    ]
+    assert pynvml.nvmlDeviceGetIndex(infos[0].device) == 0
+    # GPU 1: 3g.40gb (profile id 9) in GPU instance 1, 2g.20gb (14) in 3 and 4. The two 2g.20gb
+    # take their ids' placements, 0 and 2, so the 3g.40gb goes to its other one, 4.
+    parent = pynvml.nvmlDeviceGetHandleByIndex(1)
+    found = {
+        gpu_instance: pynvml.nvmlGpuInstanceGetInfo(
+            pynvml.nvmlDeviceGetGpuInstanceById(parent, gpu_instance)
+        )
+        for gpu_instance in (1, 3, 4)
+    }
+    assert {n: (i.profileId, i.placement.start, i.placement.size) for n, i in found.items()} == {
+        1: (9, 4, 4),
+        3: (14, 0, 2),
+        4: (14, 2, 2),
+    }
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetGpuInstanceById(parent, 2)
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        pynvml.nvmlGpuInstanceGetInfo(pynvml.c_nvmlGpuInstance_t())
+    pynvml.nvmlShutdown()
+
+    install("a100-mig", pinned_time=100.0, caller="unprivileged")
+    pynvml.nvmlInit()
+    with pytest.raises(pynvml.NVMLError_NoPermission):
+        pynvml.nvmlDeviceGetGpuInstanceById(pynvml.nvmlDeviceGetHandleByIndex(1), 1)
+    pynvml.nvmlShutdown()
+
+    install("training", pinned_time=100.0, caller="root")  # no MIG mode
+    pynvml.nvmlInit()
+    with pytest.raises(pynvml.NVMLError_NotSupported):
+        pynvml.nvmlDeviceGetGpuInstanceById(pynvml.nvmlDeviceGetHandleByIndex(0), 1)
+
+
 def test_mig_mode_hides_whole_gpu_utilization_and_rejects_empty_slots() -> None:
     install("a100-mig", pinned_time=100.0)
     pynvml.nvmlInit()

@@ -421,6 +421,8 @@ def _exercise_newer_families(handle: Any) -> None:
     pynvml.nvmlEventSetFree(event_set)
     _call_ignoring_errors(_gpm_metrics, handle)
     _call_ignoring_errors(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, 0)
+    _call_ignoring_errors(pynvml.nvmlDeviceGetGpuInstanceById, handle, 0)
+    _call_ignoring_errors(pynvml.nvmlGpuInstanceGetInfo, pynvml.c_nvmlGpuInstance_t())
     _call_ignoring_errors(pynvml.nvmlDeviceGetProcessesUtilizationInfo, handle, 0)
 
 
