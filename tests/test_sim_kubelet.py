@@ -252,8 +252,9 @@ def test_a_mig_claim_names_each_device_by_profile_id_and_placement(
 ) -> None:
     """mig.go ToCanonicalName: gpu-<minor>-mig-<profile without dots>-<GI profile id>-<start>.
 
-    3g.40gb is NVML_GPU_INSTANCE_PROFILE_3_SLICE (2), its instance 2 at the second placement
-    (start 4); 2g.20gb is 2_SLICE (1) at start 0; 1g.10gb+me is 1_SLICE_REV1 (7), "+" made "-".
+    The profile id is the GPU instance profile's id (nvmlGpuInstanceProfileInfo_t.id, as
+    `nvidia-smi mig -lgip` lists it): 3g.40gb is 9, at memory slices 4-7; 2g.20gb is 14 at 0-1;
+    1g.10gb+me is 20 at 2, its "+" made "-".
     """
     doc = document()
     doc["gpus"][3]["mig"].append({"profile": "1g.10gb+me"})
@@ -263,7 +264,7 @@ def test_a_mig_claim_names_each_device_by_profile_id_and_placement(
     kubelet, _ = start(doc)
     (dynamic,) = list_pods(kubelet)["vllm-0"].containers[0].dynamic_resources
     names = [resource.device_name for resource in dynamic.claim_resources]
-    assert names == ["gpu-3-mig-3g40gb-2-4", "gpu-3-mig-2g20gb-1-0", "gpu-3-mig-1g10gb-me-7-0"]
+    assert names == ["gpu-3-mig-3g40gb-9-4", "gpu-3-mig-2g20gb-14-0", "gpu-3-mig-1g10gb-me-20-2"]
     cdi = [resource.cdi_devices[0].name for resource in dynamic.claim_resources]
     assert cdi == [f"k8s.gpu.nvidia.com/claim={claim['uid']}-{name}" for name in names]
 

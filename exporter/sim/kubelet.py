@@ -37,13 +37,12 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import grpc
-import pynvml
 
 from exporter.kubernetes import podresources_v1_pb2 as api
 from exporter.sim.library import SimulatedNvml
-from exporter.sim.model import POD_QOS_CLASSES, MigProfile, PodContainer, PodSpec
+from exporter.sim.model import POD_QOS_CLASSES, PodContainer, PodSpec
 from exporter.sim.pods import made_uid
-from exporter.sim.scenario import MIG_PROFILES, mig_instance_ids
+from exporter.sim.scenario import MIG_PROFILES
 
 log = logging.getLogger(__name__)
 
@@ -325,29 +324,14 @@ class Devices:
         """The DRA driver's name of a MIG device (mig.go ToCanonicalName).
 
         ``gpu-<parent minor>-mig-<profile, dots dropped, RFC 1123>-<GI profile id>-<placement
-        start>``: the profile id is nvml.h's NVML_GPU_INSTANCE_PROFILE_* of the instance's
-        shape, and the placement start follows from the GPU instance id, which the simulator
-        gives each placement of a profile in order (exporter/sim/scenario.py).
+        start>``, with the profile id and placement start the simulated nvmlGpuInstanceGetInfo
+        answers for that GPU instance.
         """
         gpu = self._gpus[index]
         spec = next(m.spec for m in gpu.mig if m.gpu_instance_id == instance)
         profile = MIG_PROFILES[gpu.model.mig_profiles][spec.profile]
-        ids = mig_instance_ids(profile)
-        start = ids.index(instance) * profile.memory_slices if instance in ids else 0
         name = _rfc1123(spec.profile.replace(".", ""))
-        return f"gpu-{index}-mig-{name}-{_profile_id(spec.profile, profile)}-{start}"
-
-
-def _profile_id(name: str, profile: MigProfile) -> int:
-    """nvml.h's NVML_GPU_INSTANCE_PROFILE_* of a MIG profile (``1g.10gb+me``: 1_SLICE_REV1)."""
-    variant = {"+me": "_REV1", "-me": "_NO_ME", "+me.all": "_ALL_ME"}.get(name.split("gb", 1)[1])
-    if variant is None:
-        # One compute slice with two memory slices (1g.20gb, 1g.35gb) is the second revision.
-        twice = (profile.compute_slices, profile.memory_slices) == (1, 2)
-        variant = "_REV2" if twice else ""
-    return int(
-        getattr(pynvml, f"NVML_GPU_INSTANCE_PROFILE_{profile.compute_slices}_SLICE{variant}")
-    )
+        return f"gpu-{index}-mig-{name}-{profile.profile_id}-{spec.placement_start}"
 
 
 def _rfc1123(name: str) -> str:
