@@ -33,9 +33,6 @@ from exporter.alerting.thresholds import Thresholds
 POD_OWNER = "gpuload:pod_owner:info"
 POD_TEAM = "gpuload:pod_team:info"
 GPU_POD_OWNER = "gpuload:gpu_pod_owner:info"
-# The labels that name one allocation of gpu_pod_info: join a gpu_pod_* series on them.
-ALLOCATION = "instance, gpu, uuid, mig_instance, namespace, pod, container"
-
 POD = "namespace, pod"
 OWNER = "namespace, pod, owner_kind, owner_name"
 CONTROLLER = 'owner_is_controller="true"'
@@ -60,7 +57,8 @@ def owners_group(thresholds: Thresholds) -> Group:
 def owner_rule() -> Recording:
     """``gpuload:pod_owner:info``: each way a pod's top controller is found, one pod in one way.
 
-    One rule (promtool refuses two rules that record the same series), the ways joined by ``or``.
+    One rule, the ways joined by ``or``: `promtool check rules` calls two rules that record one
+    name with the same labels duplicates.
     """
     kinds = "|".join(RESOLVED)
     # No controller: `<none>` (no owner at all) or owners none of which is the controller.
