@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from exporter.alerting import rules, templates, thresholds
-from exporter.alerting.evaluator import local_rules
+from exporter.alerting.evaluator import RuleSet, local_rules
 from exporter.relay import payload
 from exporter.relay import templates as relay_templates
 from tools import RULES_DIR, render_rules, vectors
@@ -241,6 +241,40 @@ def test_inhibit_rules_take_every_matcher_form_alertmanager_reads() -> None:
     assert rule.equal == ()
     document["inhibit_rules"] = []
     assert thresholds.parse(document).inhibit_rules == ()
+
+
+def test_team_label_names_the_pod_label_the_owner_rules_read() -> None:
+    """The team comes from kube_pod_labels' label_<team_label>, whatever the key is called."""
+    assert (
+        'kube_pod_labels{label_team!=""}'
+        in render_rules.render(thresholds.load())[rules.RECORDING_FILE]
+    )
+    document = yaml.safe_load(thresholds.DEFAULT_PATH.read_text(encoding="utf-8"))
+    document["team_label"] = "app_kubernetes_io_team"
+    recording = render_rules.render(thresholds.parse(document))[rules.RECORDING_FILE]
+    assert 'kube_pod_labels{label_app_kubernetes_io_team!=""}' in recording
+    assert '"team", "$1", "label_app_kubernetes_io_team", "(.*)"' in recording
+    assert "label_team" not in recording
+
+
+@pytest.mark.parametrize("value", ["app.kubernetes.io/team", "", None, 3])
+def test_a_team_label_kube_state_metrics_cannot_write_is_refused(value: object) -> None:
+    _assert_refused(
+        lambda d: d.update(team_label=value),
+        "team_label: expected a pod label's key as kube-state-metrics writes it after label_"
+        " (letters, digits and _; app.kubernetes.io/team is app_kubernetes_io_team),"
+        f" got {value!r}",
+    )
+
+
+def test_the_local_evaluator_leaves_the_kube_state_metrics_rules_out() -> None:
+    """The owner rules read series no exporter has, in PromQL the local engine does not parse."""
+    loaded = thresholds.load()
+    (owners,) = [g for g in rules.rule_groups(loaded)[rules.RECORDING_FILE] if g.not_local]
+    assert owners.name == "gpuload.owners"
+    families = RuleSet.of(loaded).families()
+    assert not {rule.record for rule in owners.recordings()} & families
+    assert not any(name.startswith("kube_pod") for name in families)
 
 
 def test_load_exposes_the_documented_defaults() -> None:

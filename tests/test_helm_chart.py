@@ -74,6 +74,7 @@ CUSTOM_THRESHOLDS = {
         "thresholds": {
             "window": "10m",
             "short_window": "2m",
+            "team_label": "app_kubernetes_io_team",
             "alerts": {
                 "GPUUtilizationLow": {"below": 0.25, "for": "15m", "severity": "info"},
                 "GPUTemperatureHigh": {"margin_celsius": 3},
@@ -461,6 +462,7 @@ def test_prometheus_rule_takes_the_thresholds_from_values(loaded: helm.Chart) ->
     overrides = CUSTOM_THRESHOLDS["prometheusRule"]["thresholds"]
     merged["window"] = overrides["window"]
     merged["short_window"] = overrides["short_window"]
+    merged["team_label"] = overrides["team_label"]
     merged["exporter_job_regex"] = "gpuload"
     for name, fields in overrides["alerts"].items():
         merged["alerts"][name].update(fields)
@@ -473,6 +475,13 @@ def test_prometheus_rule_takes_the_thresholds_from_values(loaded: helm.Chart) ->
     assert alerts["GPUFellOffBus"]["keep_firing_for"] == "30m"
     assert '"79|48"' in alerts["GPUXidError"]["expr"]
     assert "> 150" in alerts["GPULoadStale"]["expr"]
+    (team,) = [
+        r
+        for g in rule["spec"]["groups"]
+        for r in g["rules"]
+        if "gpuload:pod_team" in str(r.get("record"))
+    ]
+    assert 'kube_pod_labels{label_app_kubernetes_io_team!=""}' in team["expr"]
 
 
 def test_dashboards_are_configmaps_for_grafanas_sidecar(loaded: helm.Chart) -> None:
@@ -555,6 +564,11 @@ def test_the_relay_pod_starts_with_what_the_chart_renders(
         (
             {"prometheusRule": {"thresholds": {"alerts": {"GPUFellOffBus": {"for": "1 min"}}}}},
             "at '/prometheusRule/thresholds/alerts/GPUFellOffBus/for'",
+        ),
+        (
+            # The key as Kubernetes writes it: kube-state-metrics' label_ name has `_` for `.`, `/`.
+            {"prometheusRule": {"thresholds": {"team_label": "app.kubernetes.io/team"}}},
+            "at '/prometheusRule/thresholds/team_label'",
         ),
         ({"relay": {"targets": {"ops": {"type": "slak"}}}}, "at '/relay/targets/ops/type'"),
         (

@@ -265,6 +265,8 @@ def _schema_of(value: Any, path: Path_, kinds: dict[Path_, str]) -> dict[str, An
 def _leaf_schema(path: Path_, value: Any) -> Callable[[], dict[str, Any]]:
     if path[-1] == "severity":
         return lambda: {"enum": list(thresholds.SEVERITIES)}
+    if path == ("team_label",):
+        return lambda: {"type": "string", "pattern": thresholds.TEAM_LABEL.pattern}
     if isinstance(value, list):
         return _KIND_SCHEMAS["xids"]
     if isinstance(value, float) and 0 <= value <= 1:

@@ -118,12 +118,17 @@ class Alert:
 
 @dataclass(frozen=True)
 class Group:
-    """A rule group: rules Prometheus evaluates in order, at one time, every ``interval``."""
+    """A rule group: rules Prometheus evaluates in order, at one time, every ``interval``.
+
+    ``not_local`` says why the local evaluator leaves the whole group out (its rules read series
+    no exporter has); empty: it parses the group's rules with the others.
+    """
 
     name: str
     rules: tuple[Recording | Alert, ...]
     # Empty: Prometheus's global evaluation interval.
     interval: str = ""
+    not_local: str = ""
 
     def alerts(self) -> tuple[Alert, ...]:
         """The group's alerting rules, in order."""

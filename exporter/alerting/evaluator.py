@@ -92,11 +92,12 @@ def _local(alert: rules.Alert) -> LocalRule:
 
 
 def _recordings(thresholds: Thresholds) -> list[RecordingRule]:
-    """Every recording rule, parsed, in the order one evaluation step settles them."""
+    """Every recording rule of a local group, parsed, in the order one step settles them."""
     return [
         RecordingRule(rule.record, promql.parse(rule.expr), dict(rule.labels))
         for groups in rules.rule_groups(thresholds).values()
         for group in groups
+        if not group.not_local
         for rule in group.recordings()
     ]
 

@@ -1,8 +1,9 @@
 """gpuload's Prometheus rules, built from the thresholds: what goes in which rule file.
 
-Two rule files: recording rules (``level:metric:operations``, :mod:`exporter.alerting.recording`),
-then the alerts (:mod:`exporter.alerting.alerts`), in four groups (utilization, health, the GPU
-inventory, the exporter). Every rule is a definition (:mod:`exporter.alerting.definition`) built
+Two rule files: recording rules (``level:metric:operations``, :mod:`exporter.alerting.recording`,
+and the GPU pods' owners and teams, :mod:`exporter.alerting.owners`), then the alerts
+(:mod:`exporter.alerting.alerts`), in four groups (utilization, health, the GPU inventory, the
+exporter). Every rule is a definition (:mod:`exporter.alerting.definition`) built
 from the thresholds; the files are their rendering. Readers of the rules (the local evaluator,
 the doctor, the status page, the dashboards) take the definitions from here, and the names the
 rules share (:data:`STATES`, :data:`BOTTLENECK_ALERTS`, :func:`recording_names`) with them.
@@ -23,6 +24,7 @@ from exporter.alerting.expressions import (
     STATES,
     recording_names,
 )
+from exporter.alerting.owners import owners_group
 from exporter.alerting.recording import bottleneck_classes, fleet_group, recording_group
 from exporter.alerting.thresholds import Thresholds
 
@@ -54,7 +56,11 @@ ALERTS_FILE = "gpuload-alerts.rules.yml"
 def rule_groups(thresholds: Thresholds) -> dict[str, tuple[Group, ...]]:
     """Every rule group by rule file, the recording file first: the order one step settles them."""
     return {
-        RECORDING_FILE: (recording_group(thresholds), fleet_group(thresholds)),
+        RECORDING_FILE: (
+            recording_group(thresholds),
+            fleet_group(thresholds),
+            owners_group(thresholds),
+        ),
         ALERTS_FILE: alert_groups(thresholds),
     }
 

@@ -73,6 +73,9 @@ _UNIT_SECONDS = (86400, 3600, 60, 1)
 # A label name in an inhibit rule's `equal`, as Alertmanager validates it.
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _INHIBIT_RULE_KEYS = ("source_matchers", "target_matchers", "equal")
+# What follows `label_` in a kube-state-metrics label name: it writes a pod label's key with every
+# character but letters, digits and `_` made `_` (app.kubernetes.io/team: app_kubernetes_io_team).
+TEAM_LABEL = re.compile(r"^[a-zA-Z0-9_]+$")
 
 
 class ThresholdsError(ValueError):
@@ -138,6 +141,9 @@ class Thresholds:
     window: str
     short_window: str
     gap_tolerance: str
+    # The pod label naming a pod's team, as kube-state-metrics' kube_pod_labels writes it after
+    # `label_` (exporter.alerting.owners).
+    team_label: str
     alerts: Mapping[str, AlertThresholds]
     bottlenecks: BottleneckThresholds
     # Alertmanager's inhibit rules, which local alerting applies to its notifications too.
@@ -186,6 +192,7 @@ def parse(document: object, origin: str = "thresholds") -> Thresholds:
             "window",
             "short_window",
             "gap_tolerance",
+            "team_label",
             "bottlenecks",
             "alerts",
             "inhibit_rules",
@@ -197,6 +204,7 @@ def parse(document: object, origin: str = "thresholds") -> Thresholds:
     job_regex = _job_regex(top, origin)
     floor = _memory_floor(top, origin)
     window, short_window, gap_tolerance = _windows(top, origin)
+    team_label = _team_label(top, origin)
     alerts = _alerts(_mapping(top.get("alerts"), origin, "alerts"), origin)
     bottlenecks = _bottlenecks(top.get("bottlenecks"), origin)
     inhibit_rules = _inhibit_rules(top.get("inhibit_rules"), origin)
@@ -207,6 +215,7 @@ def parse(document: object, origin: str = "thresholds") -> Thresholds:
         window,
         short_window,
         gap_tolerance,
+        team_label,
         alerts,
         bottlenecks,
         inhibit_rules,
@@ -223,6 +232,18 @@ def _job_regex(top: Mapping[str, Any], origin: str) -> str:
             f"{origin}: exporter_job_regex: {job_regex!r} is not a regex: {error}"
         ) from error
     return job_regex
+
+
+def _team_label(top: Mapping[str, Any], origin: str) -> str:
+    """``team_label``: a pod label's key as kube-state-metrics writes it, after ``label_``."""
+    label = top.get("team_label")
+    if not isinstance(label, str) or not TEAM_LABEL.match(label):
+        raise ThresholdsError(
+            f"{origin}: team_label: expected a pod label's key as kube-state-metrics writes it"
+            " after label_ (letters, digits and _; app.kubernetes.io/team is"
+            f" app_kubernetes_io_team), got {label!r}"
+        )
+    return label
 
 
 def _memory_floor(top: Mapping[str, Any], origin: str) -> int:
