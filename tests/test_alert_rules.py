@@ -255,6 +255,9 @@ def test_team_label_names_the_pod_label_the_owner_rules_read() -> None:
     assert 'kube_pod_labels{label_app_kubernetes_io_team!=""}' in recording
     assert '"team", "$1", "label_app_kubernetes_io_team", "(.*)"' in recording
     assert "label_team" not in recording
+    # A thresholds file from before the key keeps working, with the pod label `team`.
+    del document["team_label"]
+    assert thresholds.parse(document).team_label == "team"
 
 
 @pytest.mark.parametrize("value", ["app.kubernetes.io/team", "", None, 3])

@@ -76,6 +76,7 @@ _INHIBIT_RULE_KEYS = ("source_matchers", "target_matchers", "equal")
 # What follows `label_` in a kube-state-metrics label name: it writes a pod label's key with every
 # character but letters, digits and `_` made `_` (app.kubernetes.io/team: app_kubernetes_io_team).
 TEAM_LABEL = re.compile(r"^[a-zA-Z0-9_]+$")
+DEFAULT_TEAM_LABEL = "team"
 
 
 class ThresholdsError(ValueError):
@@ -235,8 +236,11 @@ def _job_regex(top: Mapping[str, Any], origin: str) -> str:
 
 
 def _team_label(top: Mapping[str, Any], origin: str) -> str:
-    """``team_label``: a pod label's key as kube-state-metrics writes it, after ``label_``."""
-    label = top.get("team_label")
+    """``team_label``: a pod label's key as kube-state-metrics writes it, after ``label_``.
+
+    Optional, ``team`` when left out: a thresholds file written before it keeps working.
+    """
+    label = top.get("team_label", DEFAULT_TEAM_LABEL)
     if not isinstance(label, str) or not TEAM_LABEL.match(label):
         raise ThresholdsError(
             f"{origin}: team_label: expected a pod label's key as kube-state-metrics writes it"
