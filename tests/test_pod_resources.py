@@ -15,6 +15,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -292,6 +293,9 @@ def test_hung_kubelet_times_out_and_the_exporter_keeps_reporting(
     assert len(series(samples, "gpu_up")) == 8
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "DEADLINE_EXCEEDED" in warnings[0]
+    # Each deadline passed is counted, by its cause.
+    slow = value_of(samples, "gpuload_kubernetes_attribution_errors_total", cause="kubelet_slow")
+    assert slow is not None and slow >= 2
 
     server.hanging.clear()
     samples = cycle_until(collection, lambda s: bool(series(s, "gpu_pod_info")))
@@ -361,6 +365,13 @@ def test_last_answer_is_kept_through_short_outages_only(
         samples = collect_at(30)
         assert pods(samples) == [("4", uuid, "train-0")]
         assert up(samples) == 0
+        refused = [
+            s.value
+            for s in samples
+            if s.family == "gpuload_kubernetes_attribution_errors_total"
+            and s.labels == ("kubelet_unavailable",)
+        ]
+        assert refused and refused[0] >= 1
         # ...and is dropped once it is older than three refresh intervals.
         assert pods(collect_at(31)) == []
     finally:
@@ -502,3 +513,43 @@ def test_as_a_non_root_uid_the_kubelets_modes_forbid_the_socket_and_say_so() -> 
             server.stop()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_kubelet_answering_garbage_is_counted_and_attributes_nothing(
+    socket_dir: Path, collections: list[Collection], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A List answer that does not decode as ListPodResourcesResponse: kubelet_garbage."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    garbage = grpc.unary_unary_rpc_method_handler(
+        lambda request, context: b"\xff\xff\xff\xff not protobuf",
+        request_deserializer=None,
+        response_serializer=None,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("v1.PodResourcesLister", {"List": garbage}),)
+    )
+    server.add_insecure_port(f"unix:{socket_dir / 'kubelet.sock'}")
+    server.start()
+    try:
+        collection = node("idle", socket_dir / "kubelet.sock")
+        collections.append(collection)
+        caplog.set_level(logging.WARNING, logger="exporter.collectors.kubernetes")
+        samples = cycle_until(
+            collection,
+            lambda s: (
+                (
+                    value_of(
+                        s, "gpuload_kubernetes_attribution_errors_total", cause="kubelet_garbage"
+                    )
+                    or 0
+                )
+                >= 2
+            ),
+        )
+    finally:
+        server.stop(None)
+    assert series(samples, "gpu_pod_info") == {}
+    assert value_of(samples, "gpuload_kubernetes_pod_resources_up") == 0
+    assert len(series(samples, "gpu_up")) == 8
+    # Logged once, not once per failed refresh.
+    assert sum("List failed: INTERNAL" in r.getMessage() for r in caplog.records) == 1

@@ -28,6 +28,9 @@ POD_B = "9d8e7f60-1111-4c22-9a33-b44c55d66e77"
 ID_A, ID_B = "a" * 64, "b" * 64
 GIB = 1024**3
 
+# A /proc entry that cannot be read: its `cgroup` a folder (EISDIR), as a refused read would be.
+UNREADABLE = 5007
+
 SCENARIO = {
     "description": "one H100 time-sliced between two pods, a host process and two odd ones",
     "driver": {"version": "550.90.07", "cuda_version": 12040},
@@ -44,6 +47,7 @@ SCENARIO = {
                 {"name": "Xorg", "memory": "1GiB", "pid": 5004},
                 {"name": "exited", "memory": "1GiB", "pid": 5005},
                 {"name": "odd", "memory": "1GiB", "pid": 5006},
+                {"name": "unreadable", "memory": "1GiB", "pid": UNREADABLE},
             ],
         }
     ],
@@ -137,6 +141,7 @@ def proc(tmp_path: Path) -> Path:
         if text is not None:
             (root / str(pid)).mkdir(parents=True)
             (root / str(pid) / "cgroup").write_text(text)
+    (root / str(UNREADABLE) / "cgroup").mkdir(parents=True)
     return root
 
 
@@ -213,6 +218,7 @@ def test_each_pod_gets_the_memory_and_sm_time_of_its_own_processes(
     # The process that exited and the path of an unknown shape are counted, by cause.
     counted = errors(samples)
     assert counted["process_exited"] >= 1 and counted["cgroup_unknown"] >= 1
+    assert counted["proc_unreadable"] >= 1
     assert counted["pod_unknown"] == 0 and counted["pods_garbage"] == 0
     collector.close()
 
