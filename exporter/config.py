@@ -57,7 +57,7 @@ class WebConfig:
 class MetricsConfig:
     """What /metrics serves besides gpuload's own families (`metrics` in the file)."""
 
-    # dcgm-exporter's default fields, names and labels, from the same snapshot (exporter/dcgm.py).
+    # dcgm-exporter's default fields, names and labels from the same snapshot (server/dcgm.py).
     dcgm_compat: bool
     # The host label of those series: dcgm-exporter's `Hostname`, `hostname` after its 4.8.2.
     dcgm_hostname_label: str

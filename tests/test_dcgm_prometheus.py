@@ -193,10 +193,10 @@ def test_dashboard_12239_shows_every_panel_from_gpuload(
                 if kind == "gauge":  # avg() and sum(): one series, or none of nothing
                     expected = min(1, expected)
                 assert len(found) == expected, (query, found)
-    for metric, own in SAME_AS.items():
-        joined = f"{metric} - on (instance, gpu) ({own})"
+    for field, own in SAME_AS.items():
+        joined = f"{field} - on (instance, gpu) ({own})"
         differences = prometheus.query(joined)
-        gpm_only = metric.startswith("DCGM_FI_PROF_")
+        gpm_only = field.startswith("DCGM_FI_PROF_")
         assert len(differences) == (2 if gpm_only else 4), joined
         assert all(float(r["value"][1]) == pytest.approx(0, abs=1e-9) for r in differences)
 

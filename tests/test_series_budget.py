@@ -18,7 +18,7 @@ from exporter import sim
 from exporter.collection import Collection
 from exporter.collectors import REGISTRY, Sample
 from exporter.collectors.profiles import sample_filter
-from exporter.dcgm import DcgmView, keeps_sources
+from exporter.server.dcgm import DcgmView, keeps_sources
 from exporter.server.exposition import TEXT, Exposition, ProcessMetrics
 from exporter.sim.scenario import SCENARIO_DIR
 from exporter.snapshot import Snapshot

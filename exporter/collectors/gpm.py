@@ -42,8 +42,7 @@ HELP = {
     "fp32_active": "Fraction of time the FP32 pipe was active",
     "fp64_active": "Fraction of time the FP64 pipe was active",
     "integer_active": "Fraction of time the integer pipe was active",
-    "graphics_active": "Fraction of time the graphics engine (graphics or compute work) was "
-    "active",
+    "graphics_active": "Fraction of time the graphics engine (graphics or compute work) was active",
 }
 
 

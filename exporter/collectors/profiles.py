@@ -92,7 +92,7 @@ def sample_filter(
     """Whether a collector's sample is exported under `profile` (None: every sample is).
 
     ``also``: samples kept whatever the profile (those `metrics.dcgm_compat` writes its fields
-    from, `exporter.dcgm.keeps_sources`).
+    from, `exporter.server.dcgm.keeps_sources`).
     """
     keep = _profile_filter(profile)
     if keep is None or also is None:

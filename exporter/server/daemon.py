@@ -19,7 +19,7 @@ from exporter.alerting.local import LocalAlerting, instance_label
 from exporter.collection import Collection
 from exporter.collectors.processes import resolve_host_pid_namespace
 from exporter.config import Config
-from exporter.dcgm import DcgmView, keeps_sources
+from exporter.server.dcgm import DcgmView, keeps_sources
 from exporter.server.http import Application
 from exporter.server.status import StatusPage
 from exporter.snapshot import Snapshot

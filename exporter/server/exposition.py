@@ -27,7 +27,7 @@ from exporter.collectors.base import Family, Sample
 from exporter.snapshot import Layout, Snapshot, each_family_samples, shape_of
 
 if TYPE_CHECKING:
-    from exporter.dcgm import DcgmFamily
+    from exporter.server.dcgm import DcgmFamily
 
 TEXT = "text"
 OPENMETRICS = "openmetrics"
@@ -101,8 +101,8 @@ class Exposition:
     ):
         """``process``: the rows written after the snapshot's (the process's own metrics).
 
-        ``dcgm``: dcgm-exporter's fields from the same snapshot (`exporter.dcgm`), written after
-        gpuload's own families when `metrics.dcgm_compat` is on.
+        ``dcgm``: dcgm-exporter's fields from the same snapshot (`exporter.server.dcgm`),
+        written after gpuload's own families when `metrics.dcgm_compat` is on.
         """
         self._process = process
         self._dcgm = dcgm

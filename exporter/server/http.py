@@ -21,7 +21,7 @@ from exporter.server.exposition import Exposition, ProcessMetrics, gzip_accepted
 from exporter.snapshot import Snapshot
 
 if TYPE_CHECKING:
-    from exporter.dcgm import DcgmFamily
+    from exporter.server.dcgm import DcgmFamily
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class Application:
         telemetry_path: str,
         dcgm: Callable[[Snapshot], list[DcgmFamily]] | None = None,
     ) -> None:
-        """``dcgm``: dcgm-exporter's fields, also served on /metrics (`exporter.dcgm`)."""
+        """``dcgm``: dcgm-exporter's fields, also served on /metrics (`exporter.server.dcgm`)."""
         self._latest = latest
         self._telemetry_path = telemetry_path
         self.metrics = MetricsEndpoint(latest, dcgm)
