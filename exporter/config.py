@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exporter.names import DEFAULT_HOSTNAME_LABEL, DEFAULT_PROFILE, PROFILES
+from exporter.names import DCGM_LABELS, DEFAULT_HOSTNAME_LABEL, DEFAULT_PROFILE, PROFILES
 from exporter.settings import (
     LOG_SETTINGS,
     RESERVED_ENV_PREFIXES,
@@ -132,6 +132,13 @@ def _telemetry_path(value: Any) -> str:
     return path
 
 
+def _host_label(value: Any) -> str:
+    name = parse_label_name(value)
+    if name in DCGM_LABELS:
+        raise ValueError(f"{name} is another label of dcgm-exporter's: choose Hostname or hostname")
+    return name
+
+
 _SECTIONS = {
     "web": WebConfig,
     "log": LogConfig,
@@ -201,7 +208,7 @@ SETTINGS = Settings(
         ),
         Setting(
             "metrics.dcgm_hostname_label",
-            parse_label_name,
+            _host_label,
             DEFAULT_HOSTNAME_LABEL,
             "--metrics.dcgm-hostname-label",
             "the host label of the dcgm-exporter fields: Hostname, as dcgm-exporter up to 4.8.2, "

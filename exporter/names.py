@@ -28,3 +28,17 @@ DEFAULT_PROFILE = "default"
 # The host label of dcgm-exporter's fields (`metrics.dcgm_compat`): its name up to dcgm-exporter
 # 4.8.2, renamed `hostname` after it (its pull request 655); `metrics.dcgm_hostname_label`.
 DEFAULT_HOSTNAME_LABEL = "Hostname"
+# dcgm-exporter's other labels, which the host label must not take (exporter/server/dcgm.py).
+DCGM_LABELS = (
+    "gpu",
+    "UUID",
+    "pci_bus_id",
+    "device",
+    "modelName",
+    "DCGM_FI_DRIVER_VERSION",
+    "GPU_I_ID",
+    "GPU_I_PROFILE",
+    "pod",
+    "namespace",
+    "container",
+)

@@ -8,8 +8,9 @@ dcgm-exporter's default-counters.csv (`../shared/dcgm/`, read where present) sta
 from __future__ import annotations
 
 import csv
+import functools
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,16 +45,20 @@ def default_set() -> dict[str, tuple[str, str]]:
     return rows
 
 
-def snapshots(scenario: str, *, profile: str = "default") -> Iterator[Snapshot]:
-    """Two snapshots of ``scenario`` 10 scenario seconds apart, with the DCGM sources kept."""
+@functools.cache
+def snapshots(scenario: str, *, profile: str = "default") -> tuple[Snapshot, Snapshot]:
+    """Two snapshots of ``scenario`` 10 scenario seconds apart, with the DCGM sources kept.
+
+    Snapshots never change once made, so the tests share them.
+    """
     clock = Clock(60)
     collection = simulated_node(scenario, clock, profile=profile, keep_also=keeps_sources())
     try:
         collection.run_cycle()
         clock.now = 61
-        yield collection.run_cycle()
+        first = collection.run_cycle()
         clock.now = 71
-        yield collection.run_cycle()
+        return first, collection.run_cycle()
     finally:
         collection.close()
         sim.uninstall()
@@ -347,6 +352,8 @@ def test_the_host_label_is_configurable_and_a_bad_name_stops_the_start() -> None
     assert "--metrics.dcgm-hostname-label: 'host-name' is not valid: expected a label name" in (
         result.stderr
     )
+    with pytest.raises(config.ConfigError, match="another label of dcgm-exporter's"):
+        config.load(flags={"metrics.dcgm_hostname_label": "UUID"})
 
 
 def test_the_switch_is_off_by_default_and_a_flag_alone_turns_it_on(tmp_path: Path) -> None:

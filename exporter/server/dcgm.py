@@ -384,6 +384,7 @@ class DcgmView:
         return sum(i for i in increases if i is not None) / seconds * dcgm_field.scale
 
     def _labels(self, gpu: Mapping[str, str], driver: str) -> dict[str, str]:
+        # In dcgm-exporter's order; the names are `DCGM_LABELS`'s, which the host label avoids.
         return {
             "gpu": gpu["gpu"],
             "UUID": gpu["uuid"],
