@@ -105,7 +105,7 @@ class GpmSeconds:
 
 @register("gpm", FAMILIES)
 class GpmCollector:
-    """SM, tensor, DRAM bandwidth and pipe activity from GPM (Hopper and newer)."""
+    """Graphics engine, SM, tensor, DRAM bandwidth and pipe activity from GPM (Hopper and newer)."""
 
     def __init__(self) -> None:
         self._supported: bool | None = None
