@@ -270,7 +270,7 @@ def source_families() -> dict[str, tuple[str, ...]]:
         for name in (dcgm_field.source, dcgm_field.mig_source, *dcgm_field.rate):
             if name:
                 sources[name].update(value for _, value in dcgm_field.select)
-    sources[_FALLBACK]
+    sources.setdefault(_FALLBACK, set())  # what GR_ENGINE_ACTIVE may be approximated from
     return {name: tuple(sorted(values)) for name, values in sources.items()}
 
 
@@ -333,9 +333,7 @@ class DcgmView:
     ) -> None:
         self._host = (host_label, hostname)
         self._fallback = gr_engine_fallback
-        self._wanted = frozenset(
-            [*source_families(), *_POD_SHARES, "gpu_pod_info", "gpu_mig_memory_total_bytes"]
-        )
+        self._wanted = frozenset([*source_families(), *_POD_SHARES, "gpu_pod_info"])
         # The snapshot written last, its counters, and the one before it: rates and shares.
         self._current: tuple[Snapshot, _Index] | None = None
         self._previous: tuple[Snapshot, _Index] | None = None
