@@ -61,7 +61,9 @@ class Collection:
         clock: Callable[[], float] = time.monotonic,
         widen_after: float = WIDEN_AFTER,
         profile: str = "full",
+        keep_also: Callable[[Sample], bool] | None = None,
     ) -> None:
+        """``keep_also``: samples published whatever the profile (`profiles.sample_filter`)."""
         self._specs = [REGISTRY[name] for name, on in enabled.items() if on and name in REGISTRY]
         self._layout = Layout(self._specs)
         self._options = {
@@ -92,7 +94,7 @@ class Collection:
             timeout=timeout,
             # Which of the GPUs' samples are published (exporter/collectors/profiles.py): the
             # daemon passes the configured profile; a Collection made in code publishes all.
-            keep=sample_filter(profile),
+            keep=sample_filter(profile, keep_also),
             clock=clock,
             problems=self._problems,
             widen_after=widen_after,

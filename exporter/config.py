@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exporter.names import DEFAULT_PROFILE, PROFILES
+from exporter.names import DCGM_LABELS, DEFAULT_HOSTNAME_LABEL, DEFAULT_PROFILE, PROFILES
 from exporter.settings import (
     LOG_SETTINGS,
     RESERVED_ENV_PREFIXES,
@@ -29,6 +29,7 @@ from exporter.settings import (
     parse_choice,
     parse_duration,
     parse_duration_or_zero,
+    parse_label_name,
     parse_positive_integer,
     parse_url_path,
     read_settings_file,
@@ -50,6 +51,18 @@ class WebConfig:
     # The exporter-toolkit web config file (TLS, basic auth) and what it said at start.
     config_file: str | None
     security: WebSecurity | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """What /metrics serves besides gpuload's own families (`metrics` in the file)."""
+
+    # dcgm-exporter's default fields, names and labels from the same snapshot (server/dcgm.py).
+    dcgm_compat: bool
+    # The host label of those series: dcgm-exporter's `Hostname`, `hostname` after its 4.8.2.
+    dcgm_hostname_label: str
+    # DCGM_FI_PROF_GR_ENGINE_ACTIVE from NVML's utilization on GPUs without GPM: an approximation.
+    dcgm_gr_engine_from_utilization: bool
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,7 @@ class Config:
     collect_slow_interval: float
     # Which series are exported: minimal, default or full (exporter/collectors/profiles.py).
     metrics_profile: str
+    metrics: MetricsConfig
     simulate: SimulationConfig
     alerting: AlertingConfig
     collectors: Mapping[str, bool] = field(default_factory=dict)
@@ -118,7 +132,19 @@ def _telemetry_path(value: Any) -> str:
     return path
 
 
-_SECTIONS = {"web": WebConfig, "log": LogConfig, "simulate": SimulationConfig}
+def _host_label(value: Any) -> str:
+    name = parse_label_name(value)
+    if name in DCGM_LABELS:
+        raise ValueError(f"{name} is another label of dcgm-exporter's: choose Hostname or hostname")
+    return name
+
+
+_SECTIONS = {
+    "web": WebConfig,
+    "log": LogConfig,
+    "metrics": MetricsConfig,
+    "simulate": SimulationConfig,
+}
 
 # Every scalar setting of `gpuload serve`: its key path, parser, default, flag and help. The
 # collectors' `collectors.NAME.*` keys come from the collector registry and are added by `load`.
@@ -171,6 +197,30 @@ SETTINGS = Settings(
             "--metrics.profile",
             "which series each GPU exports: minimal (at most 25 per GPU), default (at most 80) "
             "or full (everything, e.g. for a node being debugged); docs/fleet.md",
+        ),
+        Setting(
+            "metrics.dcgm_compat",
+            parse_bool,
+            False,
+            "--metrics.dcgm-compat",
+            "also serve dcgm-exporter's default fields with its names and labels, for its "
+            "dashboards and cost tools; docs/migrating-from-dcgm-exporter.md",
+        ),
+        Setting(
+            "metrics.dcgm_hostname_label",
+            _host_label,
+            DEFAULT_HOSTNAME_LABEL,
+            "--metrics.dcgm-hostname-label",
+            "the host label of the dcgm-exporter fields: Hostname, as dcgm-exporter up to 4.8.2, "
+            "or hostname, as after",
+        ),
+        Setting(
+            "metrics.dcgm_gr_engine_from_utilization",
+            parse_bool,
+            False,
+            "--metrics.dcgm-gr-engine-from-utilization",
+            "on GPUs without GPM (A100, L4, T4...), serve DCGM_FI_PROF_GR_ENGINE_ACTIVE from "
+            "NVML's utilization, an approximation, so that cost tools see usage",
         ),
         *LOG_SETTINGS,
         Setting(

@@ -18,8 +18,27 @@ GPM_METRICS: dict[str, int] = {
     "fp32_active": 12,  # NVML_GPM_METRIC_FP32_UTIL
     "fp64_active": 11,  # NVML_GPM_METRIC_FP64_UTIL
     "integer_active": 4,  # NVML_GPM_METRIC_INTEGER_UTIL
+    "graphics_active": 1,  # NVML_GPM_METRIC_GRAPHICS_UTIL
 }
 
 # The metrics profiles, fewest series first (exporter/collectors/profiles.py says what each keeps).
 PROFILES = ("minimal", "default", "full")
 DEFAULT_PROFILE = "default"
+
+# The host label of dcgm-exporter's fields (`metrics.dcgm_compat`): its name up to dcgm-exporter
+# 4.8.2, renamed `hostname` after it (its pull request 655); `metrics.dcgm_hostname_label`.
+DEFAULT_HOSTNAME_LABEL = "Hostname"
+# dcgm-exporter's other labels, which the host label must not take (exporter/server/dcgm.py).
+DCGM_LABELS = (
+    "gpu",
+    "UUID",
+    "pci_bus_id",
+    "device",
+    "modelName",
+    "DCGM_FI_DRIVER_VERSION",
+    "GPU_I_ID",
+    "GPU_I_PROFILE",
+    "pod",
+    "namespace",
+    "container",
+)

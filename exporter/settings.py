@@ -281,6 +281,19 @@ def parse_choice(*allowed: str) -> Callable[[Any], str]:
     return parse
 
 
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+
+
+def parse_label_name(value: Any) -> str:
+    """A Prometheus label name: [a-zA-Z_][a-zA-Z0-9_]*, not starting with __ (reserved)."""
+    text = str(value)
+    if not _LABEL_NAME.match(text) or text.startswith("__"):
+        raise ValueError(
+            "expected a label name of [a-zA-Z_][a-zA-Z0-9_]* not starting with __, e.g. Hostname"
+        )
+    return text
+
+
 def parse_url_path(value: Any) -> str:
     """An HTTP path such as /metrics."""
     text = str(value)
@@ -530,6 +543,10 @@ class Settings:
         for setting in chosen:
             if setting.flag is None:
                 continue
+            # A switch (`--metrics.dcgm-compat`) alone means true; a value may still follow.
+            switch: dict[str, Any] = (
+                {"nargs": "?", "const": "true"} if isinstance(setting.default, bool) else {}
+            )
             parser.add_argument(
                 setting.flag,
                 *(aliases or {}).get(setting.key, ()),
@@ -537,6 +554,7 @@ class Settings:
                 metavar="VALUE",
                 default=argparse.SUPPRESS,
                 help=setting.help_line(),
+                **switch,
             )
 
     def flags_given(self, namespace: argparse.Namespace) -> dict[str, Any]:

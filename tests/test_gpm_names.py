@@ -20,6 +20,7 @@ _PYNVML_CONSTANTS = {
     "fp32_active": "NVML_GPM_METRIC_FP32_UTIL",
     "fp64_active": "NVML_GPM_METRIC_FP64_UTIL",
     "integer_active": "NVML_GPM_METRIC_INTEGER_UTIL",
+    "graphics_active": "NVML_GPM_METRIC_GRAPHICS_UTIL",
 }
 
 

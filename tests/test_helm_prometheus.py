@@ -13,7 +13,6 @@ and the documented join names the workload's pod.
 
 from __future__ import annotations
 
-import copy
 import re
 import shutil
 import subprocess
@@ -127,9 +126,12 @@ def test_the_rendered_monitor_attributes_gpus_to_the_workloads_pods(
     assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
     # Beside it, what the chart shipped before (honorLabels false), scraping the same exporter
     # under another job: the Operator's `pod`/`namespace` would win over the exporter's.
-    before = copy.deepcopy(monitor)
+    (before,) = [
+        o
+        for o in rendered({"serviceMonitor": {"honorLabels": False}})
+        if o["kind"] == "ServiceMonitor" and "relay" not in o["metadata"]["name"]
+    ]
     before["metadata"]["name"] = "before"
-    before["spec"]["endpoints"][0]["honorLabels"] = False
     before["spec"]["endpoints"][0]["relabelings"].append(
         {"targetLabel": "job", "replacement": "before"}
     )

@@ -7,6 +7,7 @@ Families (time-averaged between consecutive collections, 0..1):
     gpu_dram_active_ratio: NVML_GPM_METRIC_DRAM_BW_UTIL.
     gpu_fp16_active_ratio, gpu_fp32_active_ratio, gpu_fp64_active_ratio: NVML_GPM_METRIC_FPxx_UTIL.
     gpu_integer_active_ratio: NVML_GPM_METRIC_INTEGER_UTIL.
+    gpu_graphics_active_ratio: NVML_GPM_METRIC_GRAPHICS_UTIL (DCGM's PROF_GR_ENGINE_ACTIVE).
     gpu_<metric>_seconds_total: each of them integrated over time (`rate()` is its exact mean
         over any window, at any scrape interval; the ratio is the last interval's).
 
@@ -41,6 +42,7 @@ HELP = {
     "fp32_active": "Fraction of time the FP32 pipe was active",
     "fp64_active": "Fraction of time the FP64 pipe was active",
     "integer_active": "Fraction of time the integer pipe was active",
+    "graphics_active": "Fraction of time the graphics engine (graphics or compute work) was active",
 }
 
 
@@ -68,6 +70,7 @@ ACTIVITY = {
     "fp32_active": "the FP32 pipe active",
     "fp64_active": "the FP64 pipe active",
     "integer_active": "the integer pipe active",
+    "graphics_active": "the graphics engine active",
 }
 FAMILIES = RATIOS + tuple(
     seconds_family(ratio, ACTIVITY[metric])
@@ -102,7 +105,7 @@ class GpmSeconds:
 
 @register("gpm", FAMILIES)
 class GpmCollector:
-    """SM, tensor, DRAM bandwidth and pipe activity from GPM (Hopper and newer)."""
+    """Graphics engine, SM, tensor, DRAM bandwidth and pipe activity from GPM (Hopper and newer)."""
 
     def __init__(self) -> None:
         self._supported: bool | None = None

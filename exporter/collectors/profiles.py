@@ -86,8 +86,22 @@ MINIMAL: Mapping[str, Callable[[tuple[str, ...]], bool] | None] = {
 }
 
 
-def sample_filter(profile: str) -> Callable[[Sample], bool] | None:
-    """Whether a collector's sample is exported under `profile` (None: every sample is)."""
+def sample_filter(
+    profile: str, also: Callable[[Sample], bool] | None = None
+) -> Callable[[Sample], bool] | None:
+    """Whether a collector's sample is exported under `profile` (None: every sample is).
+
+    ``also``: samples kept whatever the profile (those `metrics.dcgm_compat` writes its fields
+    from, `exporter.server.dcgm.keeps_sources`).
+    """
+    keep = _profile_filter(profile)
+    if keep is None or also is None:
+        return keep
+    profile_keeps = keep
+    return lambda sample: profile_keeps(sample) or also(sample)
+
+
+def _profile_filter(profile: str) -> Callable[[Sample], bool] | None:
     if profile == "full":
         return None
     if profile == "default":

@@ -6,6 +6,7 @@ import gc
 import logging
 import math
 import os
+import socket
 import sys
 import threading
 import time
@@ -18,6 +19,7 @@ from exporter.alerting.local import LocalAlerting, instance_label
 from exporter.collection import Collection
 from exporter.collectors.processes import resolve_host_pid_namespace
 from exporter.config import Config
+from exporter.server.dcgm import DcgmView, keeps_sources
 from exporter.server.http import Application
 from exporter.server.status import StatusPage
 from exporter.snapshot import Snapshot
@@ -132,6 +134,18 @@ def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
     )
 
 
+def _dcgm_view(config: Config, hostname: str | None) -> DcgmView | None:
+    """dcgm-exporter's fields when `metrics.dcgm_compat` is on; the host label as it names it."""
+    settings = config.metrics
+    if not settings.dcgm_compat:
+        return None
+    return DcgmView(
+        hostname or socket.gethostname(),
+        host_label=settings.dcgm_hostname_label,
+        gr_engine_fallback=settings.dcgm_gr_engine_from_utilization,
+    )
+
+
 def _run_cycle(collection: Collection, alerting: LocalAlerting | None) -> Snapshot:
     snapshot = collection.run_cycle()
     if alerting is None:
@@ -187,6 +201,9 @@ def _serve(
     kubelet: SimulatedKubelet | None,
     stop: threading.Event | None,
 ) -> int:
+    # On Kubernetes the pod's host name is the pod's: the chart passes the node's name.
+    hostname = os.environ.get("NODE_NAME") or None
+    dcgm_view = _dcgm_view(config, hostname)
     collection = Collection(
         config.collectors,
         timeout=config.effective_collect_timeout,
@@ -194,8 +211,9 @@ def _serve(
         slow_interval=config.collect_slow_interval,
         clock=clock,
         profile=config.metrics_profile,
+        keep_also=keeps_sources() if dcgm_view is not None else None,
     )
-    app = Application(lambda: collection.snapshot, config.web.telemetry_path)
+    app = Application(lambda: collection.snapshot, config.web.telemetry_path, dcgm_view)
     try:
         # The serving thread wakes only to see whether it should stop; the daemon exits instead
         # (stop(wait=False)), so it never needs to: 0.5-1 ms of CPU a second saved.
@@ -222,8 +240,7 @@ def _serve(
         config.web.telemetry_path,
         alerting,
         config.collect_interval,
-        # On Kubernetes the pod's host name is the pod's: the chart passes the node's name.
-        hostname=os.environ.get("NODE_NAME") or None,
+        hostname=hostname,
         scenario=config.simulate.scenario,
     )
     stop = stop or threading.Event()

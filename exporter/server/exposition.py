@@ -21,10 +21,13 @@ import platform
 import re
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from exporter.collectors.base import Family, Sample
 from exporter.snapshot import Layout, Snapshot, each_family_samples, shape_of
+
+if TYPE_CHECKING:
+    from exporter.server.dcgm import DcgmFamily
 
 TEXT = "text"
 OPENMETRICS = "openmetrics"
@@ -91,9 +94,18 @@ def gzip_accepted(accept_encoding: str) -> bool:
 class Exposition:
     """Writes a snapshot's families, then the process's own, in the text or OpenMetrics format."""
 
-    def __init__(self, process: Callable[[], Iterable[tuple[Family, Sample]]] | None = None):
-        """``process``: the rows written after the snapshot's (the process's own metrics)."""
+    def __init__(
+        self,
+        process: Callable[[], Iterable[tuple[Family, Sample]]] | None = None,
+        dcgm: Callable[[Snapshot], list[DcgmFamily]] | None = None,
+    ):
+        """``process``: the rows written after the snapshot's (the process's own metrics).
+
+        ``dcgm``: dcgm-exporter's fields from the same snapshot (`exporter.server.dcgm`),
+        written after gpuload's own families when `metrics.dcgm_compat` is on.
+        """
         self._process = process
+        self._dcgm = dcgm
         self._lock = threading.Lock()
         self._layout: Layout | None = None
         self._headers: dict[tuple[str, str], str] = {}  # (format, family) -> HELP and TYPE
@@ -107,6 +119,9 @@ class Exposition:
                 self._layout, self._headers, self._lines = snapshot.layout, {}, {}
             for family, samples in each_family_samples(snapshot.layout, snapshot.all_runs):
                 self._write(lines, family, samples, form, names)
+            for dcgm_family in self._dcgm(snapshot) if self._dcgm else ():
+                if not names or dcgm_family.field.name in names:
+                    _write_dcgm(lines, dcgm_family, form)
             process: dict[Family, list[tuple[tuple[str, ...], Sample]]] = {}
             for family, sample in self._process() if self._process else ():
                 process.setdefault(family, []).append(((), sample))
@@ -160,6 +175,24 @@ class Exposition:
                 f"# HELP {shown} {escaped}\n# TYPE {shown} {family.kind}\n"
             )
         return header
+
+
+# OpenMetrics names a counter's samples <family>_total; dcgm-exporter's counters are named
+# without it, so they are declared `unknown` there, and as dcgm-exporter declares them in text.
+_OPENMETRICS_KIND = {"gauge": "gauge", "counter": "unknown"}
+
+
+def _write_dcgm(lines: list[str], family: DcgmFamily, form: str) -> None:
+    """A DCGM field's HELP, TYPE and series, its labels in dcgm-exporter's order."""
+    name, kind = family.field.name, family.field.kind
+    if form == TEXT:
+        escaped = family.field.help.replace("\\", r"\\").replace("\n", r"\n")
+    else:
+        escaped, kind = _escape(family.field.help), _OPENMETRICS_KIND[kind]
+    lines.append(f"# HELP {name} {escaped}\n# TYPE {name} {kind}\n")
+    for pairs, value in family.series:
+        labels = ",".join(f'{label}="{_escape(text)}"' for label, text in pairs)
+        lines.append(f"{name}{{{labels}}} {go_float(value)}\n")
 
 
 def _escape(value: str) -> str:

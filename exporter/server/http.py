@@ -13,12 +13,15 @@ import html
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs
 
 from exporter import __version__
 from exporter.server.exposition import Exposition, ProcessMetrics, gzip_accepted, negotiate
 from exporter.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from exporter.server.dcgm import DcgmFamily
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +55,13 @@ class MetricsEndpoint:
     the snapshot: within one collection interval. `name[]` filtered answers are not kept.
     """
 
-    def __init__(self, latest: Callable[[], Snapshot | None]) -> None:
+    def __init__(
+        self,
+        latest: Callable[[], Snapshot | None],
+        dcgm: Callable[[Snapshot], list[DcgmFamily]] | None = None,
+    ) -> None:
         self._latest = latest
-        self._writer = Exposition(ProcessMetrics())
+        self._writer = Exposition(ProcessMetrics(), dcgm)
         self._lock = threading.Lock()
         # (format, gzip) -> the newest answer done, and the encoding under way if any.
         self._done: dict[tuple[str, bool], _Encoded] = {}
@@ -125,10 +132,16 @@ def _compressed(body: bytes, compressed: bool) -> bytes:
 class Application:
     """The WSGI application routing gpuload's endpoints."""
 
-    def __init__(self, latest: Callable[[], Snapshot | None], telemetry_path: str) -> None:
+    def __init__(
+        self,
+        latest: Callable[[], Snapshot | None],
+        telemetry_path: str,
+        dcgm: Callable[[Snapshot], list[DcgmFamily]] | None = None,
+    ) -> None:
+        """``dcgm``: dcgm-exporter's fields, also served on /metrics (`exporter.server.dcgm`)."""
         self._latest = latest
         self._telemetry_path = telemetry_path
-        self.metrics = MetricsEndpoint(latest)
+        self.metrics = MetricsEndpoint(latest, dcgm)
         # The live status page (`/` and /api/v1/status); the plain landing page without one.
         self.status: WsgiApp | None = None
 

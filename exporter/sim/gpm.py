@@ -5,7 +5,8 @@ nvmlGpmMigSampleGet for one MIG GPU instance) records in it which device it read
 nvmlGpmMetricsGet then answers each requested metric as the exact time-average of the
 corresponding noise-free curve between the two samples' times:
 
-- percentages (0..100) of the phase fractions ``sm_active`` (SM_UTIL), ``sm_occupancy``,
+- percentages (0..100) of the phase fractions ``graphics_active`` (GRAPHICS_UTIL),
+  ``sm_active`` (SM_UTIL), ``sm_occupancy``,
   ``integer_active``, ``tensor_active`` (ANY_TENSOR_UTIL), ``dram_active`` (DRAM_BW_UTIL),
   ``fp64_active``, ``fp32_active``, ``fp16_active``;
 - MiB/s of the rates ``pcie_tx``/``pcie_rx`` and ``nvlink_rx``/``nvlink_tx`` (all links).
@@ -54,6 +55,7 @@ _MIB_PER_SECOND = 1.0 / 2**20
 # NVML's description of each metric it computes (nvmlGpmMetric_t.metricInfo: short name, long
 # name, unit), by metric id (nvml.h, NVML_GPM_METRIC_*).
 _PERCENT_INFO: dict[int, tuple[bytes, bytes]] = {
+    1: (b"gr_util", b"Graphics utilization"),
     2: (b"sm_util", b"SM utilization"),
     3: (b"sm_occupancy", b"SM occupancy"),
     4: (b"integer_util", b"Integer utilization"),

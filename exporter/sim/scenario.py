@@ -649,6 +649,8 @@ def _derive_defaults(specs: dict[str, ValueSpec], phase: Phase, model: GpuModel)
     )
     specs.setdefault("memory_temperature", specs["temperature"].scaled(1.0, 6.0))
     specs.setdefault("sm_active", util.scaled(0.8))
+    # The graphics engine is busy whenever a kernel runs, however few SMs it fills.
+    specs.setdefault("graphics_active", util.scaled(0.95))
     specs.setdefault("dram_active", specs["memory_utilization"].scaled(0.9))
     for metric in GPM_METRICS:
         if metric not in specs:

@@ -212,6 +212,13 @@ relabelings:
   - targetLabel: job
     replacement: {{ include "gpuload.jobName" . }}
     action: replace
+  {{- if $monitor.honorLabels }}
+  # The exporter's own pod and container are no label of its series: with honorLabels a series
+  # without `pod` (a GPU no pod holds) would take them, and a cost tool's container!="" would
+  # bill gpuload for it. The series of a GPU a pod holds carry that pod's.
+  - action: labeldrop
+    regex: pod|container
+  {{- end }}
   {{- with $monitor.relabelings }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
