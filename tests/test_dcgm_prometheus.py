@@ -26,10 +26,7 @@ import requests
 import yaml
 from helpers import ROOT, Daemon, answers, free_port, start_daemon, wait_until
 from test_helm_prometheus import EXPORTER_POD, NODE, operator_job, rendered
-from test_pod_shares import PodListServer, pod_list
-
-from exporter import nvml, sim
-from tools.kubelet import FakeKubelet, Pod, remove, short_socket_dir
+from test_pods_scenario import holdings
 
 SHARED = ROOT.parent / "shared" / "dcgm"
 DASHBOARD = SHARED / "dcgm-exporter-dashboard.json"
@@ -206,105 +203,16 @@ def test_the_migration_doc_says_the_tensor_panel_is_empty_without_gpm() -> None:
     assert "Tensor Core Utilization" in doc and "A100" in doc
 
 
-# The simulated GPUs' UUIDs follow the seed: the kubelet names them as the daemon reads them.
-SEED = 7
-POD_UIDS = {
-    "serve": "0b3c3a51-7a9e-4a52-8f3e-1d2a6f0c9e01",
-    "batch": "9d8e7f60-1111-4c22-9a33-b44c55d66e77",
-}
-CONTAINER_IDS = {"serve": "a" * 64, "batch": "b" * 64}
-PODS_NODE = {
-    "description": "pods: two whole GPUs, a time-sliced one, a MIG instance, one nobody holds",
-    "driver": DRIVER,
-    "gpus": [
-        {"model": "h100-sxm", "count": 2},
-        {
-            "model": "h100-sxm",
-            "overrides": {
-                "processes": [
-                    {"name": "python serve.py", "memory": "10GiB", "pid": 6001},
-                    {"name": "python batch.py", "memory": "5GiB", "pid": 6002},
-                ]
-            },
-        },
-        {"model": "h100-sxm", "mig": [{"profile": "3g.40gb"}, {"profile": "2g.20gb"}]},
-        {"model": "h100-sxm"},
-    ],
-    "phases": [{"duration": "1h", "utilization": 0.7, "processes": []}],
-}
+def pods_node(folder: Path) -> tuple[list[str], set[tuple[str, str, str]]]:
+    """The shipped pods scenario: its daemon's arguments, and every (container, pod, namespace).
 
-
-@dataclass
-class PodsNode:
-    """A simulated node whose GPUs a fake kubelet allocates, and the config that reads them."""
-
-    config: Path
-    kubelet: FakeKubelet
-    pods: PodListServer
-    expected: set[tuple[str, str, str]]
-
-    def stop(self) -> None:
-        self.kubelet.stop()
-        self.pods.stop()
-        remove(self.kubelet.socket_path.parent)
-
-
-def pods_node(folder: Path) -> tuple[Path, PodsNode]:
-    """The pods scenario: whole GPUs, a MIG instance and a time-sliced GPU held by containers.
-
-    Returns the scenario file and what serves its pods. One place to switch to a shipped pods
-    scenario later.
+    Its simulated kubelet holds whole GPUs, a time-sliced one shared by three pods, two MIG
+    instances and a DRA claim; GPU 6 runs a job outside any pod and GPU 7 is free.
     """
-    scenario = folder / "pods.yaml"
-    scenario.write_text(yaml.safe_dump(PODS_NODE))
-    sim.install(scenario, seed=SEED, pinned_time=0)
-    nvml.init()
-    try:
-        uuids = [nvml.device(index).identity().uuid for index in range(5)]
-        instance = nvml.device(3).mig_devices()[0]
-        mig_uuid, mig_profile = instance.device.identity().uuid, instance.profile
-    finally:
-        nvml.shutdown()
-        sim.uninstall()
-    gpu = "nvidia.com/gpu"
-    kubelet_pods = [
-        Pod("ml", "train-0", {"trainer": [(gpu, [uuids[0], uuids[1]])]}),
-        Pod("web", "serve-7f9c", {"server": [(gpu, [f"{uuids[2]}::0"])]}),
-        Pod("ml", "batch-2", {"worker": [(gpu, [f"{uuids[2]}::1"])]}),
-        Pod("research", "notebook-3", {"jupyter": [(f"nvidia.com/mig-{mig_profile}", [mig_uuid])]}),
-    ]
-    proc = folder / "proc"
-    for pid, name in ((6001, "serve"), (6002, "batch")):
-        (proc / str(pid)).mkdir(parents=True)
-        (proc / str(pid) / "cgroup").write_text(
-            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
-            f"{POD_UIDS[name].replace('-', '_')}.slice/cri-containerd-{CONTAINER_IDS[name]}.scope\n"
-        )
-    pods = PodListServer()
-    pods.body = json.dumps(
-        pod_list(
-            (POD_UIDS["serve"], "web", "serve-7f9c", "server", CONTAINER_IDS["serve"]),
-            (POD_UIDS["batch"], "ml", "batch-2", "worker", CONTAINER_IDS["batch"]),
-        )
-    ).encode()
-    socket_folder = short_socket_dir()
-    kubelet = FakeKubelet(socket_folder / "kubelet.sock", kubelet_pods).start()
     config = folder / "gpuload.yaml"
-    kubernetes = {
-        "socket": str(kubelet.socket_path),
-        "refresh": 1,
-        "pods": pods.url,
-        "proc": str(proc),
-        "node": "node-1",
-    }
-    config.write_text(yaml.safe_dump({"collectors": {"kubernetes": kubernetes}}))
-    expected = {
-        ("trainer", "train-0", "ml"),
-        ("server", "serve-7f9c", "web"),
-        ("worker", "batch-2", "ml"),
-        ("jupyter", "notebook-3", "research"),
-    }
-    return scenario, PodsNode(config, kubelet, pods, expected)
+    config.write_text(yaml.safe_dump({"collectors": {"kubernetes": {"refresh": 1}}}))
+    expected = {(container, pod, namespace) for _, _, namespace, pod, container in holdings()}
+    return ["--simulate", "pods", "--config", str(config)], expected
 
 
 OPENCOST = (
@@ -316,19 +224,10 @@ OPENCOST = (
 def test_opencost_sees_one_row_per_container_that_holds_a_gpu(
     tmp_path: Path, nodes: dict[str, Daemon], prometheus: Prometheus
 ) -> None:
-    scenario, node = pods_node(tmp_path)
+    arguments, expected = pods_node(tmp_path)
     daemon = None
     try:
-        daemon = start_daemon(
-            "--simulate",
-            str(scenario),
-            "--sim.seed",
-            str(SEED),
-            "--config",
-            str(node.config),
-            "--metrics.dcgm-compat",
-            env={"KUBERNETES_SERVICE_HOST": "10.0.0.1"},
-        )
+        daemon = start_daemon(*arguments, "--metrics.dcgm-compat")
         objects = rendered({"exporter": {"config": {"metrics": {"dcgm_compat": True}}}})
         (monitor,) = [
             o
@@ -350,13 +249,19 @@ def test_opencost_sees_one_row_per_container_that_holds_a_gpu(
                 for r in prometheus.query(OPENCOST)
             }
 
-        wait_until(lambda: rows() == node.expected, timeout=30, what="one row per container")
-        # The GPU nobody holds is served, without a pod: none of gpuload's own.
+        wait_until(lambda: rows() == expected, timeout=60, what="one row per container")
+        # The GPUs nobody holds are served, without a pod: none of gpuload's own. (Nor has the
+        # shared GPU's own series, beside its containers' shares, or the MIG GPU's, beside its
+        # instances'.)
         served = prometheus.query(f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{instance="{NODE}"}}')
-        assert {r["metric"]["gpu"] for r in served if "pod" not in r["metric"]} == {"2", "3", "4"}
+        assert {r["metric"]["gpu"] for r in served if "pod" not in r["metric"]} == {
+            "2",
+            "3",
+            "6",
+            "7",
+        }
         assert all(r["metric"].get("pod") != EXPORTER_POD for r in served)
         assert all("container" in r["metric"] for r in served if "pod" in r["metric"])
     finally:
         if daemon is not None:
             daemon.stop()
-        node.stop()
