@@ -762,3 +762,24 @@ def test_when_full_a_connection_whose_body_is_still_coming_makes_room() -> None:
         for upload in uploads:
             upload.close()
         server.stop()
+
+
+def test_a_body_being_read_is_timed_out_by_its_reader_with_a_408_not_by_the_sweeper() -> None:
+    from exporter.web.server import ANSWER_GRACE, Connections
+
+    connections = Connections(limit=3)
+    mine, theirs = socket.socketpair()
+    try:
+        held = connections.admit(mine)
+        assert held is not None
+        deadline = time.monotonic() + REQUEST_TIMEOUT
+        connections.reading_body(held, deadline)
+        # The sweeper's deadline comes after the reader's, which answers 408 at its own.
+        assert held.deadline is not None and held.deadline >= deadline + ANSWER_GRACE
+        connections.answering(held)
+        connections.reading_body(held, deadline)
+        assert held.deadline is None  # one being answered keeps having none
+    finally:
+        connections.close()
+        mine.close()
+        theirs.close()

@@ -66,6 +66,9 @@ LINGER_SECONDS = 2.0
 LINGER_BYTES = 256 * 1024
 # The exporter's largest request body (it has no use for one); the relay sets its own.
 MAX_BODY = 1 << 20
+# While a body is read, its reader answers 408 at the request's deadline; the sweeper, which
+# shuts the connection down without a word, waits this much longer, in case the reader cannot.
+ANSWER_GRACE = 2.0
 
 
 class Connection:
@@ -159,6 +162,16 @@ class Connections:
                 held.deadline = time.monotonic() + REQUEST_TIMEOUT
                 held.idle = False
             return held.deadline or time.monotonic() + REQUEST_TIMEOUT
+
+    def reading_body(self, held: Connection, deadline: float) -> None:
+        """The head is in: its reader times the body out at ``deadline`` and answers 408.
+
+        A sweeper shutting the connection down at the same deadline would race the reader
+        and sometimes win, closing it without an answer.
+        """
+        with self._changed:
+            if held.deadline is not None:
+                held.deadline = deadline + ANSWER_GRACE
 
     def answering(self, held: Connection) -> None:
         """The request is in: no deadline, and never closed to make room, while answered."""
@@ -260,6 +273,8 @@ class Handler(StreamRequestHandler):
                     return
                 connections.idle(held)
                 continue
+            if request.length:
+                connections.reading_body(held, deadline)
             try:
                 if request.expects_continue and request.length:
                     self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
