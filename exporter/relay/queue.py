@@ -42,6 +42,7 @@ import logging
 import os
 import sqlite3
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -64,6 +65,10 @@ _FULL, _CORRUPT, _NOT_A_DATABASE = 13, 11, 26
 
 class NoRoom(sqlite3.OperationalError):
     """The queue cannot take a notification now: the disk is full (it keeps its reserve)."""
+
+
+class ReadOnly(sqlite3.OperationalError):
+    """The queue file is there, and this user cannot write it."""
 
 
 class Corrupt(sqlite3.DatabaseError):
@@ -267,7 +272,23 @@ class Queue:
         with self._borrowed() as db:
             db.executescript(_INDEXES)
 
-    def _open(self) -> sqlite3.Connection:
+    def _read_only(self) -> bool:
+        """Whether the file is there, in a writable folder, and this user cannot write it."""
+        return (
+            os.path.exists(self.path)
+            and not os.access(self.path, os.W_OK)
+            and os.access(os.path.dirname(self.path) or ".", os.W_OK)
+        )
+
+    def _open(self, *, read_only: bool) -> sqlite3.Connection:
+        if read_only:
+            # Opened for writing, SQLite would create the -wal and -shm files with the file's
+            # own mode: read-only to everyone, this relay too once the file is writable again.
+            # Immutable, it creates neither, and every write fails (an honest 503).
+            uri = f"file:{urllib.parse.quote(self.path)}?mode=ro&immutable=1"
+            return sqlite3.connect(
+                uri, uri=True, timeout=10, isolation_level=None, check_same_thread=False
+            )
         db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
@@ -354,15 +375,21 @@ class Queue:
         with self._lock:
             db = self._idle.pop() if self._idle else None
         if db is None:
-            db = self._open()
-            with self._lock:
-                self._connections.append(db)
+            # A read-only connection is never pooled: the next one may write, once it can.
+            read_only = self._read_only()
+            db = self._open(read_only=read_only)
+            if not read_only:
+                with self._lock:
+                    self._connections.append(db)
         try:
             yield db
         finally:
             with self._lock:
                 if db in self._connections:
                     self._idle.append(db)
+                    db = None
+            if db is not None:  # read-only, or let go of while borrowed
+                db.close()
 
     def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
         with self._borrowed() as db:
@@ -387,6 +414,14 @@ class Queue:
         """How many enqueues wait for the next group commit."""
         with self._turn:
             return len(self._batch.enqueues)
+
+    def _forget(self) -> None:
+        """Close the idle connections; those borrowed now are closed when given back."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+            self._connections.clear()
+        for db in idle:
+            db.close()
 
     def close(self) -> None:
         """Close every connection."""
@@ -467,9 +502,14 @@ class Queue:
                 self._batch.turn.notify()
 
     def _refuse_if_unable(self) -> None:
-        """Raise Corrupt or NoRoom when a notification cannot be kept now."""
+        """Raise Corrupt, ReadOnly or NoRoom when a notification cannot be kept now."""
         if self.corrupt is not None:
             raise Corrupt(self.corrupt)
+        if self._read_only():
+            self._forget()  # its connections are read-only: new ones once the file is writable
+            raise ReadOnly(
+                f"this user cannot write the queue file {self.path}: give it write permission"
+            )
         reason = self.room()
         if reason is not None:
             raise NoRoom(reason)
