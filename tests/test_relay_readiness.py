@@ -185,7 +185,8 @@ def test_a_queue_a_restart_would_lose_is_refused(
 
 
 # Run as uid 10001, the image's user, who owns the folder and the 0444 queue file: a worker on a
-# clock moved by hand, as far as each look asks, looks at the queue ten times, the file is made writable, then ten more.
+# clock moved by hand, as far as each look asks, looks at the queue ten times; the file is made
+# writable; ten more looks.
 _READ_ONLY_SCRIPT = """
 import logging, os, sys
 from exporter.relay import targets
@@ -262,97 +263,3 @@ def test_a_read_only_queue_file_is_refused_and_logged_once_until_it_is_writable(
     assert lines.index(recovered) > lines.index("writable"), lines
     assert lines[-1] == "ready", lines
     assert all(mode & 0o200 for mode in sidecars.values()), sidecars
-
-
-def _damaged(tmp_path: Path) -> Path:
-    """A queue file with notifications whose last two pages are gone."""
-    path = tmp_path / "relay.db"
-    queue = Queue(str(path))
-    queue.enqueue([("hook", f"k{n}", "x" * 3000) for n in range(40)], 0.0, 3600.0)
-    queue.close()
-    assert not Path(f"{path}-wal").exists() or Path(f"{path}-wal").stat().st_size == 0
-    with open(path, "r+b") as file:
-        file.truncate(os.path.getsize(path) - 2 * 4096)
-    return path
-
-
-def test_a_damaged_queue_stops_the_start_with_what_to_do(tmp_path: Path) -> None:
-    path = _damaged(tmp_path)
-    receiver = FakeTarget()
-    try:
-        config = write_config(
-            tmp_path,
-            {
-                "targets": {"hook": {"type": "webhook", "url": receiver.url}},
-                "route": {"targets": ["hook"]},
-            },
-        )
-        result = gpuload("relay", "--config", str(config))
-        assert result.returncode == 1
-        assert f"the queue file {path} is corrupt" in result.stderr
-        assert f"move {path} aside" in result.stderr
-        assert result.stderr.count("\n") == 1, result.stderr
-    finally:
-        receiver.close()
-
-
-@pytest.mark.parametrize(
-    ("source", "layer"),
-    [
-        ("config file", {"file": {"queue": {"path": ""}}}),
-        ("config file", {"file": {"queue": {"path": ":memory:"}}}),
-        ("environment", {"environ": {"GPULOAD_RELAY_QUEUE_PATH": ""}}),
-        ("flag", {"flags": {"queue.path": ":memory:"}}),
-    ],
-)
-def test_a_queue_a_restart_would_lose_is_refused(
-    tmp_path: Path, source: str, layer: dict[str, dict[str, object]]
-) -> None:
-    file = None
-    if "file" in layer:
-        file = write_config(tmp_path, layer["file"])
-    with pytest.raises(ConfigError) as raised:
-        load(
-            file=file,
-            environ=layer.get("environ", {}),  # type: ignore[arg-type]
-            flags={"web.listen_address": "127.0.0.1:0", **layer.get("flags", {})},
-        )
-    message = str(raised.value)
-    assert message.startswith(f"{source} queue.path: ")
-    assert "an in-memory queue loses every notification it holds at a restart" in message
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to become uid 10001")
-def test_a_queue_file_the_relay_cannot_write_is_never_ready(tmp_path: Path) -> None:
-    """A 0444 queue file, as the image's user sees it: readable, and no notification fits."""
-    folder = tmp_path / "queue"
-    folder.mkdir()
-    path = folder / "relay.db"
-    Queue(str(path)).close()
-    path.chmod(0o444)
-    folder.chmod(0o777)
-    tmp_path.chmod(0o755)
-    # Imports as root (the checkout need not be readable by uid 10001), then the user's turn.
-    script = (
-        "import os, sqlite3, sys\n"
-        "from exporter.relay.queue import Queue\n"
-        "os.setgroups([]); os.setgid(10001); os.setuid(10001)\n"
-        "try:\n"
-        "    queue = Queue(sys.argv[1])\n"
-        "except sqlite3.Error as error:\n"
-        "    print('refused at start:', error); sys.exit()\n"
-        "try:\n"
-        "    queue.check()\n"
-        "    print('ready')\n"
-        "except sqlite3.Error as error:\n"
-        "    print('not ready:', error)\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", script, str(path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert result.stdout.startswith(("refused at start:", "not ready:")), result.stdout
