@@ -30,8 +30,9 @@ A full disk never strands what was accepted: the queue keeps a reserve file of
 delivery (or a retry, a dead letter) finds the disk full, and refuses new notifications
 while it cannot keep the reserve (:meth:`Queue.room`); they are accepted again by
 themselves once there is room. The WAL is checkpointed every 32 pages and cut back to
-128 KiB, so that it holds no more of the disk than the reserve gives back. A corrupt
-file stops the start with what to do, rather than failing every notification.
+128 KiB, so that it holds no more of the disk than the reserve gives back. A damaged
+file (`verify`, or a statement that finds it so) refuses new notifications until it is
+replaced by what could be read from it (`replaced`, `exporter.relay.recovery`).
 """
 
 from __future__ import annotations
@@ -246,8 +247,11 @@ class Queue:
         self.commits = 0
         self._reserve = f"{path}-reserve"
         self._folder = os.path.dirname(os.path.abspath(path))
-        # Why the file is damaged, once a write found it so: it does not heal by itself.
+        # Why the file is damaged, once a check or a statement found it so: it does not heal
+        # by itself (see `exporter.relay.recovery`).
         self.corrupt: str | None = None
+        # Called on any SQLite error: the integrity check then looks again (it sets this).
+        self.on_error: Callable[[], None] | None = None
         try:
             self._create()
             problems = [row[0] for row in self._query("PRAGMA quick_check")]
@@ -383,6 +387,9 @@ class Queue:
                     self._connections.append(db)
         try:
             yield db
+        except sqlite3.Error as error:
+            self._note(error)
+            raise
         finally:
             with self._lock:
                 if db in self._connections:
@@ -515,10 +522,52 @@ class Queue:
             raise NoRoom(reason)
 
     def _note(self, error: sqlite3.Error) -> None:
-        """Remember a damaged file: every later notification would fail the same way."""
-        if is_corrupt(error) and self.corrupt is None:
-            self.corrupt = _corrupt_message(self.path, str(error))
+        """Remember a damaged file; after any error, have the file checked again.
+
+        Every later notification would fail on a damaged file the same way.
+        """
+        if is_corrupt(error):
+            self._damaged(str(error))
+        if self.on_error is not None:
+            self.on_error()
+
+    def _damaged(self, problem: str) -> None:
+        if self.corrupt is None:
+            self.corrupt = _corrupt_message(self.path, problem)
             log.error("%s", self.corrupt)
+
+    def verify(self) -> str | None:
+        """Check the file's integrity (``PRAGMA quick_check``); what is wrong, or None.
+
+        On a connection of its own, opened for the check: a pooled one may hold pages in its
+        cache that the file no longer has. A damaged file is remembered, as `corrupt`.
+        """
+        db = self._open(read_only=self._read_only())
+        try:
+            problems = [str(row[0]) for row in db.execute("PRAGMA quick_check")]
+        except sqlite3.DatabaseError as error:
+            if not is_corrupt(error):
+                return None  # busy, locked, read-only: not the file's content
+            problems = [str(error)]
+        finally:
+            db.close()
+        if problems == ["ok"]:
+            return None
+        self._damaged(problems[0])
+        return problems[0]
+
+    def replaced(self, rebuild: Callable[[], T]) -> T:
+        """Run ``rebuild`` (a new file at `path`) with no write in progress, then use the file.
+
+        The queue is no longer damaged. Connections to the old file are closed (those
+        borrowed now, when given back: a read in progress ends on the old file).
+        """
+        with self._writing:
+            self._forget()
+            result = rebuild()
+            self._forget()
+            self.corrupt = None
+        return result
 
     def _insert_alone(
         self, db: sqlite3.Connection, enqueue: _Enqueue
@@ -549,6 +598,30 @@ class Queue:
             )
             results.append((target, cursor.rowcount > 0))
         return results
+
+    def restore(self, rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """Insert rows read from a damaged file; those that fit are returned.
+
+        Each row has every column, its id first, in the table's order; an incident of None (a
+        file of the first release) is taken from the body.
+        """
+        columns = (
+            "id, target, dedup_key, body, state, received_at, queued_at, expires_at, "
+            "next_attempt_at, attempts, last_error, finished_at, incident"
+        )
+        kept = []
+        with self._transaction() as db:
+            for row in rows:
+                if row[12] is None:
+                    row = (*row[:12], group_key(str(row[3])) or str(row[2]))
+                try:
+                    db.execute(
+                        f"INSERT INTO notifications ({columns}) VALUES ({', '.join('?' * 13)})", row
+                    )
+                except sqlite3.Error:
+                    continue  # a row SQLite read back garbled (a NULL where none may be)
+                kept.append(row)
+        return kept
 
     def due(self, target: str, now: float, limit: int) -> list[Entry]:
         """The oldest queued rows of a target whose next attempt is due, one per incident.
@@ -675,7 +748,6 @@ class Queue:
 
 def _corrupt_message(path: str, problem: str) -> str:
     return (
-        f"the queue file {path} is corrupt ({problem}): stop gpuload, move {path} aside "
-        f"(`sqlite3 {path} .recover` may save the notifications it held) and start again "
-        "with an empty queue"
+        f"the queue file {path} is damaged ({problem}): new notifications are refused until "
+        "the relay has moved it aside and read what it still can into a fresh file"
     )
