@@ -84,14 +84,30 @@ class Recovery:
 
 
 def open_queue(path: str, dedup_window: float) -> tuple[Queue, Recovery | None]:
-    """The queue at ``path``; a damaged one is recovered first (and how is returned)."""
+    """The queue at ``path``; a damaged one is recovered first (and how is returned).
+
+    Raises Corrupt for a file that was never a queue: not SQLite's, and without the reserve
+    that a queue keeps beside it (a queue.path naming some other file by mistake).
+    """
     try:
         return Queue(path, dedup_window=dedup_window), None
     except Corrupt as error:
+        if not _was_a_queue(path):
+            raise Corrupt(
+                f"the queue file {path} is not an SQLite database, and no queue was kept "
+                f"there (no {path}-reserve beside it): give queue.path a file of its own"
+            ) from error
         log.error("%s", error)
     recovery = recover(path, dedup_window)
     log.warning("%s", recovery.describe(path))
     return Queue(path, dedup_window=dedup_window), recovery
+
+
+def _was_a_queue(path: str) -> bool:
+    with contextlib.suppress(OSError), open(path, "rb") as file:
+        if file.read(16) == b"SQLite format 3\0":
+            return True
+    return os.path.exists(f"{path}-reserve")
 
 
 def recover(path: str, dedup_window: float, now: float | None = None) -> Recovery:

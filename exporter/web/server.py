@@ -20,6 +20,7 @@ not, cannot get past (`Connections`):
 from __future__ import annotations
 
 import contextlib
+import heapq
 import io
 import logging
 import socket
@@ -66,6 +67,8 @@ LINGER_SECONDS = 2.0
 LINGER_BYTES = 256 * 1024
 # The exporter's largest request body (it has no use for one); the relay sets its own.
 MAX_BODY = 1 << 20
+# When full, how many of the longest-waiting connections are looked at for one to close.
+_EVICTION_PEEKS = 8
 # While a body is read, its reader answers 408 at the request's deadline; the sweeper, which
 # shuts the connection down without a word, waits this much longer, in case the reader cannot.
 ANSWER_GRACE = 2.0
@@ -83,6 +86,13 @@ class Connection:
         self.since = now
         self.deadline: float | None = now + REQUEST_TIMEOUT
         self.idle = False
+
+    def unread(self) -> bool:
+        """Whether bytes the client sent wait, unread, in the connection's receive buffer."""
+        try:
+            return bool(self._shutter.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except OSError:  # nothing to read
+            return False
 
     def close(self, *, shut: bool) -> None:
         """Let go of the connection; ``shut``: shut it down for its thread too."""
@@ -126,11 +136,8 @@ class Connections:
         evicted = None
         with self._changed:
             if len(self._held) >= self._limit:
-                waiting = [held for held in self._held.values() if held.deadline is not None]
-                if not waiting:
-                    evicted = held  # not held after all
-                else:
-                    evicted = min(waiting, key=lambda waiter: waiter.since)
+                evicted = self._slowest() or held  # none waiting: the new one is not held
+                if evicted is not held:
                     del self._held[id(evicted)]
             if evicted is not held:
                 self._held[id(held)] = held
@@ -148,6 +155,20 @@ class Connections:
         if evicted is not None:
             evicted.close(shut=True)
         return held
+
+    def _slowest(self) -> Connection | None:
+        """The connection to close to make room: the one waiting longest for its request.
+
+        One with bytes waiting unread (a whole head, a TLS ClientHello) is passed over: its
+        thread, slow to start on a busy server, has not got to it yet. A client that reopens
+        every connection closed would otherwise have legitimate requests closed unread.
+        """
+        waiting = (held for held in self._held.values() if held.deadline is not None)
+        oldest = heapq.nsmallest(_EVICTION_PEEKS, waiting, key=lambda waiter: waiter.since)
+        for candidate in oldest:
+            if not candidate.unread():
+                return candidate
+        return oldest[0] if oldest else None
 
     def idle(self, held: Connection) -> None:
         """The connection waits for its next request, for at most KEEP_ALIVE_TIMEOUT."""
@@ -455,9 +476,11 @@ _FULL = refusal("gpuload: too many connections")
 class _ThreadingServer(TCPServer):
     allow_reuse_address = True
     # socketserver's listen backlog is 5: a sixth simultaneous connection has its SYN
-    # dropped and the client retries after a second, which 10 concurrent scrapers (or an
-    # Alertmanager burst at the relay) hit at once.
-    request_queue_size = 128
+    # dropped and the client retries after a second (then 3, 7 s), which 10 concurrent
+    # scrapers (or an Alertmanager burst at the relay) hit at once; 128 overflowed under a
+    # client reopening hundreds of connections as fast as they were closed. The kernel caps
+    # it at net.core.somaxconn (4096 since Linux 5.4).
+    request_queue_size = 4096
     # Set when the web config turns TLS on.
     watcher: Watcher | None = None
     max_body: int = MAX_BODY
