@@ -35,7 +35,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -676,6 +676,94 @@ def test_three_servers_answer_while_slow_heads_slow_bodies_and_large_heads_hold_
     for server in servers:
         peak, request = round(server.peak / 2**20, 1), server.memory_request // 2**20
         assert peak < request, f"{server.name}: peak RSS {peak} MiB, over its {request} MiB request"
+
+
+# The reconnect attack: RECONNECTING connections (more than a server holds and its listen
+# backlog once took together, 256 + 128), each reopened as soon as the server ends it, up to
+# RECONNECT_RATE a second, from a process of its own; RECONNECT_LEGITIMATE requests meanwhile.
+RECONNECTING = 1000
+RECONNECT_RATE = 1000.0
+RECONNECT_LEGITIMATE = 20
+
+
+def _reconnecting(address: tuple[str, int], opening: bytes, control: Connection) -> None:
+    """The attacker's process: reconnect until told to stop, then say how many times."""
+    from bench.reconnect import Reconnector
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, RECONNECTING + 100), hard))
+    attacker = Reconnector(address, opening, count=RECONNECTING, rate=RECONNECT_RATE)
+    attacker.start()
+    control.send("started")
+    control.recv()
+    attacker.stop()
+    control.send((attacker.reconnects, attacker.reconnect_rate()))
+
+
+def _under_reconnects(server: Target, opening: bytes) -> tuple[int, float, list[object]]:
+    """Legitimate requests while a client reopens every connection: reconnects, rate, statuses."""
+    context = multiprocessing.get_context("spawn")
+    mine, theirs = context.Pipe()
+    process = context.Process(
+        target=_reconnecting, args=(server.plan.address, opening, theirs), daemon=True
+    )
+    process.start()
+    try:
+        assert mine.poll(60) and mine.recv() == "started"
+        time.sleep(0.5)  # the churn under way: every slot taken, each closed one reopened
+        requests_made = list(server.legitimate.values())
+        statuses: list[object] = []
+        with ThreadPoolExecutor(RECONNECT_LEGITIMATE) as pool:
+            futures = []
+            for index in range(RECONNECT_LEGITIMATE):
+                futures.append(pool.submit(requests_made[index % len(requests_made)]))
+                time.sleep(0.05)
+            for future in futures:
+                try:
+                    statuses.append(future.result().status_code)
+                except requests.RequestException as error:
+                    statuses.append(f"{type(error).__name__}: {error}")
+        mine.send("stop")
+        assert mine.poll(60)
+        reconnects, rate = mine.recv()
+    finally:
+        process.kill()
+        process.join(timeout=30)
+    return reconnects, rate, statuses
+
+
+@pytest.mark.engines
+def test_clients_reopening_every_closed_connection_keep_no_request_from_an_answer(
+    tmp_path: Path,
+) -> None:
+    """1,000 slow heads, then slow bodies, reopened as fast as closed, a server at a time.
+
+    Each legitimate request must be answered (the client waits 10 s for each read); how fast
+    is bench.servers' business. The attack must have been one: more reconnects than it holds
+    connections (each closed and reopened, on average, at least once while the requests ran).
+    """
+    with contextlib.ExitStack() as stack:
+        (tmp_path / "tls").mkdir()
+        (tmp_path / "relay").mkdir()
+        servers = [
+            stack.enter_context(plain_exporter()),
+            stack.enter_context(guarded_exporter(tmp_path / "tls")),
+            stack.enter_context(relay(tmp_path / "relay")),
+        ]
+        for server in servers:
+            # Over TLS the handshake waits for a ClientHello that never comes.
+            openings = (
+                [b""] if server.plan.cafile else [server.plan.first_line, server.plan.body_head]
+            )
+            for opening in openings:
+                reconnects, rate, statuses = _under_reconnects(server, opening)
+                print(
+                    f"\n{server.name}, {opening[:20]!r}: {reconnects} reconnects "
+                    f"({rate:.0f}/s); statuses {Counter(map(str, statuses))}"
+                )
+                assert reconnects > RECONNECTING, (server.name, opening, reconnects)
+                assert statuses == [200] * RECONNECT_LEGITIMATE, (server.name, opening, statuses)
+                assert "Traceback" not in server.log(), server.name
 
 
 def test_the_documented_bounds_are_the_servers() -> None:

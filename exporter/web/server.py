@@ -20,9 +20,11 @@ not, cannot get past (`Connections`):
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import io
 import logging
+import queue
 import socket
 import sys
 import threading
@@ -471,6 +473,59 @@ class Handler(StreamRequestHandler):
 
 
 _FULL = refusal("gpuload: too many connections")
+# How long a thread that has served its connection waits for another before it ends.
+THREAD_IDLE_SECONDS = 60.0
+
+
+class _Threads:
+    """The threads that serve connections, one each, kept a while for the next connection.
+
+    Starting a thread waits until the new thread runs, which on a busy server (the GIL) held
+    the accepting thread up for milliseconds: a client reopening every connection closed to
+    it kept legitimate ones waiting in the listen backlog for seconds. Handing a connection
+    to a waiting thread does not wait.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[Callable[[], None] | None]] = []
+        self._closed = False
+
+    def run(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on a waiting thread, or a new one."""
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is not None:
+            inbox.put(job)
+            return
+        thread = threading.Thread(target=self._work, args=(job,), name="http-connection")
+        thread.daemon = True
+        thread.start()
+
+    def _work(self, job: Callable[[], None] | None) -> None:
+        inbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        while job is not None:
+            job()
+            with self._lock:
+                if self._closed:
+                    return
+                self._idle.append(inbox)
+            try:
+                job = inbox.get(timeout=THREAD_IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if inbox in self._idle:  # else a job is being handed over: take it
+                        self._idle.remove(inbox)
+                        return
+                job = inbox.get()
+
+    def close(self) -> None:
+        """End the waiting threads; those serving a connection end after it."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for inbox in idle:
+            inbox.put(None)
 
 
 class _ThreadingServer(TCPServer):
@@ -490,6 +545,7 @@ class _ThreadingServer(TCPServer):
     def __init__(self, address: tuple[str, int], handler: Any) -> None:
         self._local = threading.local()
         self.connections = Connections()
+        self.threads = _Threads()
         super().__init__(address, handler)
         host, port = self.server_address[:2]
         # What every request's WSGI environ starts from.
@@ -519,12 +575,7 @@ class _ThreadingServer(TCPServer):
         # a TLS record until the client's delayed ACK (~40 ms per scrape).
         with contextlib.suppress(OSError):
             request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(
-            target=self._serve,
-            args=(request, client_address, held),
-            name="http-connection",
-            daemon=True,
-        ).start()
+        self.threads.run(functools.partial(self._serve, request, client_address, held))
 
     def _serve(self, request: Any, client_address: Any, held: Connection) -> None:
         self._local.held = held
@@ -554,6 +605,7 @@ class _ThreadingServer(TCPServer):
         """Close the socket and shut down the connections waiting for a request."""
         super().server_close()
         self.connections.close()
+        self.threads.close()
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         """Serve one connection; over TLS, the handshake happens here, in its own thread."""
