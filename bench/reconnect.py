@@ -8,17 +8,20 @@ connections than the server holds, every connection it admits closes another, wh
 a churn of accepts and closes, where a client that only holds connections open makes none.
 
 One thread, non-blocking sockets and a selector: a connection the server is slow to take does
-not hold the others up. Used by `bench.servers` (the slow clients' table) and by
-tests/test_http_bounds.py.
+not hold the others up. `Attack` runs one in a process of its own. Used by `bench.servers` (the
+slow clients' table) and by tests/test_http_bounds.py.
 """
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import resource
 import selectors
 import socket
 import threading
 import time
+from typing import Any
 
 
 class Reconnector(threading.Thread):
@@ -106,3 +109,54 @@ class Reconnector(threading.Thread):
         """Stop, and close every connection."""
         self._stopping.set()
         self.join()
+
+
+def _attack(
+    address: tuple[str, int], opening: bytes, count: int, rate: float, control: Any
+) -> None:
+    """The attack process: reconnect until told to stop, then say how many times and how fast."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = count + 100
+    if soft < wanted and (hard == resource.RLIM_INFINITY or hard >= wanted):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    attacker = Reconnector(address, opening, count=count, rate=rate)
+    attacker.start()
+    control.send("started")
+    control.recv()
+    attacker.stop()
+    control.send((attacker.reconnects, attacker.reconnect_rate()))
+
+
+class Attack:
+    """A `Reconnector` in a process of its own: the measuring process keeps its GIL to itself."""
+
+    def __init__(
+        self, address: tuple[str, int], opening: bytes, *, count: int = 1000, rate: float = 1000.0
+    ) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._control, theirs = context.Pipe()
+        self._process = context.Process(
+            target=_attack, args=(address, opening, count, rate, theirs), daemon=True
+        )
+        self.reconnects = 0
+        self.rate = 0.0
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start the process; return once its connections are opening."""
+        self._process.start()
+        if not self._control.poll(timeout) or self._control.recv() != "started":
+            self.kill()
+            raise RuntimeError("the reconnecting client did not start")
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop the attack; `reconnects` and `rate` (a second) say what it did."""
+        self._control.send("stop")
+        if self._control.poll(timeout):
+            self.reconnects, self.rate = self._control.recv()
+        self.kill()
+
+    def kill(self) -> None:
+        """End the process, whatever it is doing."""
+        if self._process.is_alive():
+            self._process.kill()
+        self._process.join(timeout=30)

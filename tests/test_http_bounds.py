@@ -48,6 +48,7 @@ from helpers import ROOT, start_daemon, wait_until
 from relay_helpers import in_thread, notification, start_relay_process, write_config
 from test_web_config import HASH, PASSWORD, Authority, basic, write_web_config
 
+from bench.reconnect import Attack
 from exporter.web.server import MAX_CONNECTIONS, REQUEST_TIMEOUT
 
 SLOW = 2000
@@ -686,30 +687,11 @@ RECONNECT_RATE = 1000.0
 RECONNECT_LEGITIMATE = 20
 
 
-def _reconnecting(address: tuple[str, int], opening: bytes, control: Connection) -> None:
-    """The attacker's process: reconnect until told to stop, then say how many times."""
-    from bench.reconnect import Reconnector
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, RECONNECTING + 100), hard))
-    attacker = Reconnector(address, opening, count=RECONNECTING, rate=RECONNECT_RATE)
-    attacker.start()
-    control.send("started")
-    control.recv()
-    attacker.stop()
-    control.send((attacker.reconnects, attacker.reconnect_rate()))
-
-
 def _under_reconnects(server: Target, opening: bytes) -> tuple[int, float, list[object]]:
     """Legitimate requests while a client reopens every connection: reconnects, rate, statuses."""
-    context = multiprocessing.get_context("spawn")
-    mine, theirs = context.Pipe()
-    process = context.Process(
-        target=_reconnecting, args=(server.plan.address, opening, theirs), daemon=True
-    )
-    process.start()
+    attack = Attack(server.plan.address, opening, count=RECONNECTING, rate=RECONNECT_RATE)
+    attack.start()
     try:
-        assert mine.poll(60) and mine.recv() == "started"
         time.sleep(0.5)  # the churn under way: every slot taken, each closed one reopened
         requests_made = list(server.legitimate.values())
         statuses: list[object] = []
@@ -723,12 +705,10 @@ def _under_reconnects(server: Target, opening: bytes) -> tuple[int, float, list[
                     statuses.append(future.result().status_code)
                 except requests.RequestException as error:
                     statuses.append(f"{type(error).__name__}: {error}")
-        mine.send("stop")
-        assert mine.poll(60)
-        reconnects, rate = mine.recv()
+        attack.stop()
     finally:
-        process.kill()
-        process.join(timeout=30)
+        attack.kill()
+    reconnects, rate = attack.reconnects, attack.rate
     return reconnects, rate, statuses
 
 
