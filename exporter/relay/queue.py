@@ -237,6 +237,9 @@ class Queue:
         # Writers in this process take turns here rather than in SQLite's busy handler, which
         # sleeps in growing steps (up to 100 ms) while another connection holds the lock.
         self._writing = threading.Lock()
+        # Held while the file is replaced (`replaced`): a connection opened meanwhile would make
+        # a new file at the path, beside the old file's WAL.
+        self._replacing = threading.Lock()
         # The group commit: enqueues join `_batch` under `_turn`; while `_committing`, one
         # thread commits an earlier batch and the others wait on their batch's condition, so
         # that a commit wakes only its own waiters and one of the next batch to commit it.
@@ -376,6 +379,8 @@ class Queue:
     @contextmanager
     def _borrowed(self) -> Iterator[sqlite3.Connection]:
         """A connection for this thread alone until the block ends."""
+        with self._replacing:  # no connection while the file is moved and made again
+            pass
         with self._lock:
             db = self._idle.pop() if self._idle else None
         if db is None:
@@ -562,7 +567,7 @@ class Queue:
         The queue is no longer damaged. Connections to the old file are closed (those
         borrowed now, when given back: a read in progress ends on the old file).
         """
-        with self._writing:
+        with self._writing, self._replacing:
             self._forget()
             result = rebuild()
             self._forget()
