@@ -112,7 +112,7 @@ class Reconnector(threading.Thread):
 
 
 def _attack(
-    address: tuple[str, int], opening: bytes, count: int, rate: float, control: Any
+    address: tuple[str, int], opening: bytes, count: int, rate: float, control: Any, so_far: Any
 ) -> None:
     """The attack process: reconnect until told to stop, then say how many times and how fast."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -122,6 +122,8 @@ def _attack(
     attacker = Reconnector(address, opening, count=count, rate=rate)
     attacker.start()
     control.send("started")
+    while not control.poll(0.05):
+        so_far.value = attacker.reconnects
     control.recv()
     attacker.stop()
     control.send((attacker.reconnects, attacker.reconnect_rate()))
@@ -135,8 +137,9 @@ class Attack:
     ) -> None:
         context = multiprocessing.get_context("spawn")
         self._control, theirs = context.Pipe()
+        self._so_far = context.Value("q", 0)
         self._process = context.Process(
-            target=_attack, args=(address, opening, count, rate, theirs), daemon=True
+            target=_attack, args=(address, opening, count, rate, theirs, self._so_far), daemon=True
         )
         self.reconnects = 0
         self.rate = 0.0
@@ -147,6 +150,15 @@ class Attack:
         if not self._control.poll(timeout) or self._control.recv() != "started":
             self.kill()
             raise RuntimeError("the reconnecting client did not start")
+
+    def wait_for(self, reconnects: int, timeout: float) -> bool:
+        """Wait until the attack has reconnected that many times; False if not in time."""
+        deadline = time.monotonic() + timeout
+        while self._so_far.value < reconnects:
+            if time.monotonic() > deadline or not self._process.is_alive():
+                return False
+            time.sleep(0.05)
+        return True
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop the attack; `reconnects` and `rate` (a second) say what it did."""
