@@ -44,7 +44,7 @@ import os
 import sqlite3
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -604,8 +604,8 @@ class Queue:
             results.append((target, cursor.rowcount > 0))
         return results
 
-    def restore(self, rows: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-        """Insert rows read from a damaged file; those that fit are returned.
+    def restore(self, rows: Iterable[tuple[Any, ...]]) -> list[tuple[int, str]]:
+        """Insert rows read from a damaged file; (id, state) of each that fit.
 
         Each row has every column, its id first, in the table's order; an incident of None (a
         file of the first release) is taken from the body.
@@ -614,18 +614,17 @@ class Queue:
             "id, target, dedup_key, body, state, received_at, queued_at, expires_at, "
             "next_attempt_at, attempts, last_error, finished_at, incident"
         )
+        insert = f"INSERT INTO notifications ({columns}) VALUES ({', '.join('?' * 13)})"
         kept = []
         with self._transaction() as db:
             for row in rows:
                 if row[12] is None:
                     row = (*row[:12], group_key(str(row[3])) or str(row[2]))
                 try:
-                    db.execute(
-                        f"INSERT INTO notifications ({columns}) VALUES ({', '.join('?' * 13)})", row
-                    )
+                    db.execute(insert, row)
                 except sqlite3.Error:
                     continue  # a row SQLite read back garbled (a NULL where none may be)
-                kept.append(row)
+                kept.append((int(row[0]), str(row[4])))
         return kept
 
     def due(self, target: str, now: float, limit: int) -> list[Entry]:

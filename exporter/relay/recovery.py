@@ -111,21 +111,49 @@ def _was_a_queue(path: str) -> bool:
 
 
 def recover(path: str, dedup_window: float, now: float | None = None) -> Recovery:
-    """Move the file aside with its -wal and -shm, and copy what it still holds to ``path``."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
-    aside = f"{path}.damaged-{stamp}"
+    """Move the file aside with its -wal and -shm, and copy what it still holds to ``path``.
+
+    Row by row: a queue of 100 MB is never held in memory.
+    """
+    aside = _aside(path, time.time() if now is None else now)
     for suffix in ("", "-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
             os.rename(path + suffix, aside + suffix)
-    rows, known = _readable(aside)
+    read: set[int] = set()
+    known: set[int] = set()
+
+    def rows() -> Iterator[tuple[Any, ...]]:
+        with _reading(aside) as db:
+            try:
+                columns = _columns(db)
+                known.update(_indexed_ids(db))
+                last = max(max(known, default=0), _last_id(db))
+            except sqlite3.DatabaseError as error:
+                # The schema itself cannot be read: nothing can be.
+                log.error("nothing can be read from the damaged queue file %s: %s", aside, error)
+                return
+            for row in _rows(db, columns, last):
+                read.add(int(row[0]))
+                yield row
+
     fresh = Queue(path, dedup_window=dedup_window)
     try:
-        copied = fresh.restore(rows)
+        kept = fresh.restore(rows())
     finally:
         fresh.close()
-    lost = len((known | {row[0] for row in rows}) - {row[0] for row in copied})
-    queued = sum(1 for row in copied if row[4] == "queued")
-    return Recovery(len(copied), queued, lost, aside)
+    lost = len((known | read) - {row_id for row_id, _ in kept})
+    queued = sum(1 for _, state in kept if state == "queued")
+    return Recovery(len(kept), queued, lost, aside)
+
+
+def _aside(path: str, now: float) -> str:
+    """A name for the damaged file that no earlier one has."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    aside, number = f"{path}.damaged-{stamp}", 1
+    while os.path.exists(aside):
+        number += 1
+        aside = f"{path}.damaged-{stamp}-{number}"
+    return aside
 
 
 @contextlib.contextmanager
@@ -133,28 +161,14 @@ def _reading(path: str) -> Iterator[sqlite3.Connection]:
     # Read-only, so that the damaged file and its WAL are kept as they were found.
     uri = f"file:{urllib.parse.quote(path)}?mode=ro"
     db = sqlite3.connect(uri, uri=True, isolation_level=None)
-    # A schema naming a page past the end of a truncated file is refused whole, unless the
-    # schema is "writable" (https://www.sqlite.org/pragma.html#pragma_writable_schema):
-    # then the tables whose pages are there can still be read.
-    db.execute("PRAGMA writable_schema=ON")
     try:
+        # A schema naming a page past the end of a truncated file is refused whole, unless it
+        # is "writable" (https://www.sqlite.org/pragma.html#pragma_writable_schema): then the
+        # tables whose pages are there can still be read.
+        db.execute("PRAGMA writable_schema=ON")
         yield db
     finally:
         db.close()
-
-
-def _readable(path: str) -> tuple[list[tuple[Any, ...]], set[int]]:
-    """The rows that can be read, in id order, and every id an index names."""
-    try:
-        with _reading(path) as db:
-            columns = _columns(db)
-            known = _indexed_ids(db)
-            last = max(max(known, default=0), _last_id(db))
-            return _rows(db, columns, last), known
-    except sqlite3.DatabaseError as error:
-        # The schema itself cannot be read: nothing can be.
-        log.error("nothing can be read from the damaged queue file %s: %s", path, error)
-        return [], set()
 
 
 def _columns(db: sqlite3.Connection) -> str:
@@ -183,9 +197,8 @@ def _last_id(db: sqlite3.Connection) -> int:
     return 0
 
 
-def _rows(db: sqlite3.Connection, columns: str, last: int) -> list[tuple[Any, ...]]:
-    """Every row readable, reading on past each unreadable page."""
-    rows: list[tuple[Any, ...]] = []
+def _rows(db: sqlite3.Connection, columns: str, last: int) -> Iterator[tuple[Any, ...]]:
+    """Every row readable, in id order, reading on past each unreadable page."""
     start: int | None = -(2**63)
     # "id >= ?": SQLite seeks to that id; "id > ?" would seek to the one before, and fail
     # on its page.
@@ -193,9 +206,9 @@ def _rows(db: sqlite3.Connection, columns: str, last: int) -> list[tuple[Any, ..
     while start is not None:
         try:
             for row in db.execute(select, (start,)):
-                rows.append(row)
                 start = int(row[0]) + 1
-            return rows
+                yield row
+            return
         except sqlite3.DatabaseError as error:
             if not is_corrupt(error):
                 raise
@@ -206,11 +219,10 @@ def _rows(db: sqlite3.Connection, columns: str, last: int) -> list[tuple[Any, ..
         except sqlite3.DatabaseError:
             alone = []
         if alone:
-            rows.append(alone[0])
             start = int(alone[0][0]) + 1
+            yield alone[0]
             continue
         start = _next_readable(db, start, last)
-    return rows
 
 
 def _next_readable(db: sqlite3.Connection, start: int, last: int) -> int | None:
