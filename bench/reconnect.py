@@ -147,7 +147,11 @@ class Attack:
     def start(self, timeout: float = 60.0) -> None:
         """Start the process; return once its connections are opening."""
         self._process.start()
-        if not self._control.poll(timeout) or self._control.recv() != "started":
+        try:
+            started = self._control.poll(timeout) and self._control.recv() == "started"
+        except EOFError:  # the process ended
+            started = False
+        if not started:
             self.kill()
             raise RuntimeError("the reconnecting client did not start")
 

@@ -473,12 +473,14 @@ class Handler(StreamRequestHandler):
 
 
 _FULL = refusal("gpuload: too many connections")
-# How long a thread that has served its connection waits for another before it ends.
+# How long a thread that has served its connection waits for another before it ends, and how
+# many wait at most (the others end with their connection).
 THREAD_IDLE_SECONDS = 60.0
+MAX_SPARE_THREADS = 32
 
 
 class _Threads:
-    """The threads that serve connections, one each, kept a while for the next connection.
+    """The threads that serve connections, one each; up to MAX_SPARE_THREADS wait for the next.
 
     Starting a thread waits until the new thread runs, which on a busy server (the GIL) held
     the accepting thread up for milliseconds: a client reopening every connection closed to
@@ -507,7 +509,7 @@ class _Threads:
         while job is not None:
             job()
             with self._lock:
-                if self._closed:
+                if self._closed or len(self._idle) >= MAX_SPARE_THREADS:
                     return
                 self._idle.append(inbox)
             try:
