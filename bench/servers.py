@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import resource
 import socket
 import subprocess
@@ -459,9 +460,10 @@ def reconnect_table(results: dict[str, dict[str, float] | None]) -> str:
             if run is None or f"reconnecting_{key}" not in run:
                 cells += ["failed", "", ""]
                 continue
+            worst = run[f"reconnecting_{key}_worst"]
             cells += [
                 f"{run[f'reconnecting_{key}']:.0f}/{RECONNECT_LEGITIMATE}",
-                f"{run[f'reconnecting_{key}_worst']:.2f}",
+                "–" if math.isnan(worst) else f"{worst:.2f}",  # none answered
                 f"{run[f'reconnecting_{key}_rate']:.0f}",
             ]
         lines.append([server, *cells])
