@@ -463,7 +463,7 @@ def reconnect_table(results: dict[str, dict[str, float] | None]) -> str:
             worst = run[f"reconnecting_{key}_worst"]
             cells += [
                 f"{run[f'reconnecting_{key}']:.0f}/{RECONNECT_LEGITIMATE}",
-                "–" if math.isnan(worst) else f"{worst:.2f}",  # none answered
+                "-" if math.isnan(worst) else f"{worst:.2f}",  # none answered
                 f"{run[f'reconnecting_{key}_rate']:.0f}",
             ]
         lines.append([server, *cells])
