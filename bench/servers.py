@@ -10,7 +10,9 @@ do, so that only the server differs.
 
 Then (unless ``--no-slow-clients``) what slow clients do to each server: 300 connections that
 trickle a request head a byte a second, or a POST body a byte a second, from one thread, and
-whether 10 legitimate requests are still answered meanwhile (a fresh server process for each).
+whether 10 legitimate requests are still answered meanwhile (a fresh server process for each);
+then 1,000 such connections reopened as soon as the server ends them, up to 1,000 a second
+(bench/reconnect.py), and how long 20 legitimate requests wait for an answer meanwhile.
 
 The other servers live in bench/.venv-servers (git-ignored; created on the first run with
 gpuload installed editable), never in gpuload's dependencies.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import resource
 import socket
 import subprocess
@@ -34,6 +37,7 @@ from pathlib import Path
 
 from bench import load, report
 from bench.node import BENCH, CLOCK_TICKS, ROOT, ProcessTree, free_port, peer_version
+from bench.reconnect import Attack
 from bench.serve_with import SERVERS, THREADS
 
 HEADING = report.SERVERS_HEADING
@@ -84,6 +88,20 @@ SLOW_KINDS = (
         b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n",
     ),
 )
+
+
+# Reconnecting slow clients (bench/reconnect.py): RECONNECTING connections, each sending one of
+# the SLOW_KINDS' openings and nothing more, reopened as soon as the server ends one, at most
+# RECONNECT_RATE a second, from a process of their own; after RECONNECT_WARM_UP seconds,
+# RECONNECT_LEGITIMATE requests start RECONNECT_GAP apart, each given LEGITIMATE_WAIT.
+RECONNECTING = 1000
+RECONNECT_RATE = 1000.0
+RECONNECT_WARM_UP = 2.0
+RECONNECT_LEGITIMATE = 20
+RECONNECT_GAP = 0.25
+LEGITIMATE_WAIT = 10.0
+# The figure to reach: every legitimate request answered within this many seconds.
+RECONNECT_TARGET = 1.0
 
 
 def ensure_servers() -> Path:
@@ -294,10 +312,16 @@ class Trickle(threading.Thread):
 
 def answered(port: int) -> bool:
     """Whether one legitimate request on a new connection gets a status line in time."""
-    deadline = time.monotonic() + LEGITIMATE_TIMEOUT
+    return answered_within(port, LEGITIMATE_TIMEOUT) is not None
+
+
+def answered_within(port: int, timeout: float) -> float | None:
+    """Seconds until one legitimate request on a new connection got its status line, or None."""
+    started = time.monotonic()
+    deadline = started + timeout
     answer = b""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=LEGITIMATE_TIMEOUT) as sock:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
             sock.sendall(LEGITIMATE_REQUEST)
             while b"\r\n" not in answer:
                 left = deadline - time.monotonic()
@@ -309,8 +333,8 @@ def answered(port: int) -> bool:
                     break
                 answer += chunk
     except OSError:  # refused, reset or timed out
-        return False
-    return answer.startswith(ANSWERED)
+        return None
+    return time.monotonic() - started if answer.startswith(ANSWERED) else None
 
 
 def measure_slow(server: str, scenario: Path = SCENARIO) -> dict[str, float]:
@@ -343,7 +367,48 @@ def measure_slow(server: str, scenario: Path = SCENARIO) -> dict[str, float]:
             )
         finally:
             served.stop()
+    for key, _, opening in SLOW_KINDS:
+        result.update(_measure_reconnecting(server, scenario, key, opening))
     return result
+
+
+def _measure_reconnecting(
+    server: str, scenario: Path, key: str, opening: bytes
+) -> dict[str, float]:
+    """Legitimate requests to a fresh ``server`` while slow clients reconnect as closed."""
+    served = Served(server, scenario)
+    try:
+        served.wait_ready()
+        attack = Attack(
+            ("127.0.0.1", served.port), opening, count=RECONNECTING, rate=RECONNECT_RATE
+        )
+        attack.start()
+        try:
+            time.sleep(RECONNECT_WARM_UP)
+            with ThreadPoolExecutor(RECONNECT_LEGITIMATE) as pool:
+                futures = []
+                for _ in range(RECONNECT_LEGITIMATE):
+                    futures.append(pool.submit(answered_within, served.port, LEGITIMATE_WAIT))
+                    time.sleep(RECONNECT_GAP)
+                waits = [future.result() for future in futures]
+            attack.stop()
+        finally:
+            attack.kill()
+    finally:
+        served.stop()
+    answered_waits = [wait for wait in waits if wait is not None]
+    figures = {
+        f"reconnecting_{key}": float(len(answered_waits)),
+        f"reconnecting_{key}_worst": max(answered_waits, default=float("nan")),
+        f"reconnecting_{key}_rate": attack.rate,
+    }
+    print(
+        f"  reconnecting {key.replace('_', ' ')}: {len(answered_waits)}/{RECONNECT_LEGITIMATE} "
+        f"answered, worst {figures[f'reconnecting_{key}_worst']:.2f} s; "
+        f"{attack.reconnects} reconnects ({attack.rate:.0f}/s)",
+        flush=True,
+    )
+    return figures
 
 
 def _per(total: float, count: int) -> float:
@@ -375,6 +440,32 @@ def slow_table(results: dict[str, dict[str, float] | None]) -> str:
         cells = [
             "failed" if run is None else f"{run[key]:.0f}/{LEGITIMATE}" for key, _, _ in SLOW_KINDS
         ]
+        lines.append([server, *cells])
+    return report.markdown(lines)
+
+
+def reconnect_table(results: dict[str, dict[str, float] | None]) -> str:
+    """One row per server: legitimate requests among reconnecting slow clients, worst wait."""
+    headings = ["server"]
+    for key, _, _ in SLOW_KINDS:
+        name = key.replace("_", " ")
+        headings += [f"answered, reconnecting {name}", "worst wait s", "reconnects/s"]
+    lines = [headings]
+    for server in SERVERS:
+        if server not in results:
+            continue
+        run = results[server]
+        cells = []
+        for key, _, _ in SLOW_KINDS:
+            if run is None or f"reconnecting_{key}" not in run:
+                cells += ["failed", "", ""]
+                continue
+            worst = run[f"reconnecting_{key}_worst"]
+            cells += [
+                f"{run[f'reconnecting_{key}']:.0f}/{RECONNECT_LEGITIMATE}",
+                "-" if math.isnan(worst) else f"{worst:.2f}",  # none answered
+                f"{run[f'reconnecting_{key}_rate']:.0f}",
+            ]
         lines.append([server, *cells])
     return report.markdown(lines)
 
@@ -461,6 +552,19 @@ def main() -> int:
                     "or 404): how many were answered.",
                     "",
                     slow_table(slow),
+                    "",
+                    f"Reconnecting slow clients, once per server and kind, each against a fresh "
+                    f"process: {RECONNECTING} connections (more than any server here holds, with "
+                    "its listen backlog) from a process of their own send the same openings and "
+                    "nothing more, and each one the server ends (closed to make room, or at its "
+                    f"deadline) is opened again at once, up to {RECONNECT_RATE:.0f} a second "
+                    f"(`reconnects/s`: what it reached). After {RECONNECT_WARM_UP:.0f} s, "
+                    f"{RECONNECT_LEGITIMATE} requests for /healthz start {RECONNECT_GAP} s apart, "
+                    f"each on a new connection given {LEGITIMATE_WAIT:.0f} s: how many got a "
+                    "status line, and the longest any waited for it (the target: every one "
+                    f"within {RECONNECT_TARGET:.0f} s).",
+                    "",
+                    reconnect_table(slow),
                     "",
                 ]
                 if slow

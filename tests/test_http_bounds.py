@@ -35,7 +35,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -48,6 +48,7 @@ from helpers import ROOT, start_daemon, wait_until
 from relay_helpers import in_thread, notification, start_relay_process, write_config
 from test_web_config import HASH, PASSWORD, Authority, basic, write_web_config
 
+from bench.reconnect import Attack
 from exporter.web.server import MAX_CONNECTIONS, REQUEST_TIMEOUT
 
 SLOW = 2000
@@ -678,6 +679,76 @@ def test_three_servers_answer_while_slow_heads_slow_bodies_and_large_heads_hold_
         assert peak < request, f"{server.name}: peak RSS {peak} MiB, over its {request} MiB request"
 
 
+# The reconnect attack: RECONNECTING connections (more than a server holds and its listen
+# backlog once took together, 256 + 128), each reopened as soon as the server ends it, up to
+# RECONNECT_RATE a second, from a process of its own; RECONNECT_LEGITIMATE requests meanwhile.
+RECONNECTING = 1000
+RECONNECT_RATE = 1000.0
+RECONNECT_LEGITIMATE = 20
+
+
+def _under_reconnects(server: Target, opening: bytes) -> tuple[int, float, list[object]]:
+    """Legitimate requests while a client reopens every connection: reconnects, rate, statuses."""
+    attack = Attack(server.plan.address, opening, count=RECONNECTING, rate=RECONNECT_RATE)
+    attack.start()
+    try:
+        # The churn under way: every slot taken, closed ones reopened.
+        assert attack.wait_for(MAX_CONNECTIONS, timeout=120), f"no churn at the {server.name}"
+        requests_made = list(server.legitimate.values())
+        statuses: list[object] = []
+        with ThreadPoolExecutor(RECONNECT_LEGITIMATE) as pool:
+            futures = []
+            for index in range(RECONNECT_LEGITIMATE):
+                futures.append(pool.submit(requests_made[index % len(requests_made)]))
+                time.sleep(0.05)
+            for future in futures:
+                try:
+                    statuses.append(future.result().status_code)
+                except requests.RequestException as error:
+                    statuses.append(f"{type(error).__name__}: {error}")
+        # Bounded in count, not time: as many reconnects as it holds connections, however
+        # slowly a busy machine lets them come.
+        assert attack.wait_for(RECONNECTING, timeout=120), f"no churn at the {server.name}"
+        attack.stop()
+    finally:
+        attack.kill()
+    reconnects, rate = attack.reconnects, attack.rate
+    return reconnects, rate, statuses
+
+
+@pytest.mark.engines
+def test_clients_reopening_every_closed_connection_keep_no_request_from_an_answer(
+    tmp_path: Path,
+) -> None:
+    """1,000 slow connections reopened as soon as closed (up to 1,000 a second).
+
+    A server at a time: slow heads at the exporter, nothing over TLS, slow bodies at the relay.
+    Each legitimate request must be answered (the client waits 10 s for each read); how fast
+    is bench.servers' business. The attack must have been one: it churns before the requests
+    start, and ends after 1,000 reconnects (its rate is printed, never asserted).
+    """
+    with contextlib.ExitStack() as stack:
+        (tmp_path / "tls").mkdir()
+        (tmp_path / "relay").mkdir()
+        servers = [
+            stack.enter_context(plain_exporter()),
+            stack.enter_context(guarded_exporter(tmp_path / "tls")),
+            stack.enter_context(relay(tmp_path / "relay")),
+        ]
+        # Slow heads at the exporter, slow bodies at the relay; over TLS, nothing: the
+        # handshake waits for a ClientHello that never comes.
+        openings = [servers[0].plan.first_line, b"", servers[2].plan.body_head]
+        for server, opening in zip(servers, openings, strict=True):
+            reconnects, rate, statuses = _under_reconnects(server, opening)
+            print(
+                f"\n{server.name}, {opening[:20]!r}: {reconnects} reconnects "
+                f"({rate:.0f}/s); statuses {Counter(map(str, statuses))}"
+            )
+            assert reconnects >= RECONNECTING, (server.name, opening, reconnects)
+            assert statuses == [200] * RECONNECT_LEGITIMATE, (server.name, opening, statuses)
+            assert "Traceback" not in server.log(), server.name
+
+
 def test_the_documented_bounds_are_the_servers() -> None:
     from exporter.web import server as web_server
 
@@ -762,3 +833,24 @@ def test_when_full_a_connection_whose_body_is_still_coming_makes_room() -> None:
         for upload in uploads:
             upload.close()
         server.stop()
+
+
+def test_a_body_being_read_is_timed_out_by_its_reader_with_a_408_not_by_the_sweeper() -> None:
+    from exporter.web.server import ANSWER_GRACE, Connections
+
+    connections = Connections(limit=3)
+    mine, theirs = socket.socketpair()
+    try:
+        held = connections.admit(mine)
+        assert held is not None
+        deadline = time.monotonic() + REQUEST_TIMEOUT
+        connections.reading_body(held, deadline)
+        # The sweeper's deadline comes after the reader's, which answers 408 at its own.
+        assert held.deadline is not None and held.deadline >= deadline + ANSWER_GRACE
+        connections.answering(held)
+        connections.reading_body(held, deadline)
+        assert held.deadline is None  # one being answered keeps having none
+    finally:
+        connections.close()
+        mine.close()
+        theirs.close()

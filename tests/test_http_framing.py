@@ -14,6 +14,7 @@ import json
 import re
 import socket
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import bcrypt
@@ -449,11 +450,31 @@ def test_a_body_reaches_the_application_whole(daemon: Daemon, size: int) -> None
     the_one_answer(exchange(daemon, request), 405, "POST")
 
 
-def test_a_body_that_does_not_come_in_time_gets_408(daemon: Daemon) -> None:
-    with socket.create_connection(address(daemon), timeout=30) as connection:
-        connection.sendall(post(b"Content-Length: 10", body=b"abc"))
-        answer = read_to_end(connection)
-    the_one_answer(answer, 408, "the body came too slowly")
+def test_a_body_that_does_not_come_in_time_gets_408_from_both_daemons(
+    daemon: Daemon, relay: Daemon
+) -> None:
+    # Several at once on each: the server's sweeper, which shuts connections down at their
+    # deadline without a word, once won the race against the reader's 408 now and then.
+    authorized = b"Authorization: Bearer " + TOKEN.encode()
+    requests_by_server = [
+        (daemon, post(b"Content-Length: 10", body=b"abc")),
+        (relay, post(authorized, b"Content-Length: 100", body=b"abc", target=b"/alerts")),
+    ]
+
+    def late(server: Daemon, request: bytes) -> bytes:
+        with socket.create_connection(address(server), timeout=30) as connection:
+            connection.sendall(request)
+            return read_to_end(connection)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = [
+            (server, pool.submit(late, server, request))
+            for server, request in requests_by_server
+            for _ in range(4)
+        ]
+        for server, answer in answers:
+            assert answer.result().startswith(b"HTTP/1.1 408 "), (server.url, answer.result())
+            the_one_answer(answer.result(), 408, "the body came too slowly")
 
 
 def test_a_refused_body_sent_after_the_refusal_is_read_and_dropped(daemon: Daemon) -> None:

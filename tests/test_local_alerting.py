@@ -295,7 +295,7 @@ def test_serve_refuses_an_alert_queue_it_cannot_open(tmp_path: Path) -> None:
     assert serve.returncode == 1, serve.stderr
     assert (
         f"local alerting: alert queue {not_a_database}: the queue file {not_a_database} is "
-        "corrupt (file is not a database): stop gpuload, move"
+        "not an SQLite database, and no queue was kept there"
     ) in serve.stderr
     assert not_a_database.read_bytes().startswith(b"this is not")  # left as it was
 

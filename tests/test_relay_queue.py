@@ -261,7 +261,7 @@ def test_a_queue_damaged_while_open_refuses_every_notification_saying_so(tmp_pat
             lambda: queue.enqueue([("hook", "later", "y")], NOW, MAX_AGE),
             queue.check,
         ):
-            with pytest.raises(Corrupt, match=f"the queue file {path} is corrupt"):
+            with pytest.raises(Corrupt, match=f"the queue file {path} is damaged"):
                 attempt()
     finally:
         queue.close()

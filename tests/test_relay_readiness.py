@@ -6,9 +6,12 @@ and a damaged queue file.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ from relay_helpers import (
     post,
     running_relay,
     small_disk,
+    start_relay_process,
     write_config,
 )
 
@@ -129,7 +133,8 @@ def _damaged(tmp_path: Path) -> Path:
     """A queue file with notifications whose last two pages are gone."""
     path = tmp_path / "relay.db"
     queue = Queue(str(path))
-    queue.enqueue([("hook", f"k{n}", "x" * 3000) for n in range(40)], 0.0, 3600.0)
+    bodies = [json.dumps(notification(alert(gpu=str(n)), group=f"g{n}")) for n in range(40)]
+    queue.enqueue([("hook", f"k{n}", body) for n, body in enumerate(bodies)], time.time(), 3600.0)
     queue.close()
     assert not Path(f"{path}-wal").exists() or Path(f"{path}-wal").stat().st_size == 0
     with open(path, "r+b") as file:
@@ -137,7 +142,7 @@ def _damaged(tmp_path: Path) -> Path:
     return path
 
 
-def test_a_damaged_queue_stops_the_start_with_what_to_do(tmp_path: Path) -> None:
+def test_a_damaged_queue_is_recovered_at_the_start_and_the_relay_serves(tmp_path: Path) -> None:
     path = _damaged(tmp_path)
     receiver = FakeTarget()
     try:
@@ -146,13 +151,18 @@ def test_a_damaged_queue_stops_the_start_with_what_to_do(tmp_path: Path) -> None
             {
                 "targets": {"hook": {"type": "webhook", "url": receiver.url}},
                 "route": {"targets": ["hook"]},
+                "queue": {"path": str(path)},
             },
         )
-        result = gpuload("relay", "--config", str(config))
-        assert result.returncode == 1
-        assert f"the queue file {path} is corrupt" in result.stderr
-        assert f"move {path} aside" in result.stderr
-        assert result.stderr.count("\n") == 1, result.stderr
+        relay = start_relay_process(config)
+        try:
+            assert _ready(relay.url).status_code == 200
+            assert f"recovered the damaged queue file {path}: " in relay.log()
+            # Its rows on the pages that are left are delivered.
+            wait_until(lambda: len(receiver.requests) > 0, what="a recovered notification")
+        finally:
+            assert relay.stop() == 0
+        assert list(tmp_path.glob("relay.db.damaged-*"))
     finally:
         receiver.close()
 
@@ -183,37 +193,82 @@ def test_a_queue_a_restart_would_lose_is_refused(
     assert "an in-memory queue loses every notification it holds at a restart" in message
 
 
+# Run as uid 10001, the image's user, who owns the folder and the 0444 queue file: a worker on a
+# clock moved by hand, as far as each look asks, looks at the queue ten times; the file is made
+# writable; ten more looks.
+_READ_ONLY_SCRIPT = """
+import logging, os, sys
+from exporter.relay import targets
+from exporter.relay.config import load
+from exporter.relay.delivery import Worker
+from exporter.relay.metrics import RelayMetrics
+from exporter.relay.queue import Queue
+from exporter.relay.templates import MessageSettings
+import sqlite3
+config = load(file=sys.argv[2], environ={})
+os.setgroups([]); os.setgid(10001); os.setuid(10001)
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s", stream=sys.stdout)
+queue = Queue(sys.argv[1])
+for attempt in (queue.check, lambda: queue.enqueue([("hook", "k", "{}")], 0.0, 60.0)):
+    try:
+        attempt()
+        print("accepted")
+    except sqlite3.Error as error:
+        print("refused:", error)
+now = [1000.0]
+worker = Worker(
+    targets.build(config.targets["hook"], MessageSettings()), queue, config.delivery,
+    RelayMetrics(queue, ["hook"]), clock=lambda: now[0],
+)
+for _ in range(10):
+    now[0] += max(worker.step(), 0.01)
+os.chmod(sys.argv[1], 0o644)
+print("writable")
+for _ in range(10):
+    now[0] += max(worker.step(), 0.01)
+queue.check()
+print("ready")
+"""
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root, to become uid 10001")
-def test_a_queue_file_the_relay_cannot_write_is_never_ready(tmp_path: Path) -> None:
-    """A 0444 queue file, as the image's user sees it: readable, and no notification fits."""
-    folder = tmp_path / "queue"
-    folder.mkdir()
-    path = folder / "relay.db"
-    Queue(str(path)).close()
-    path.chmod(0o444)
-    folder.chmod(0o777)
-    tmp_path.chmod(0o755)
-    # Imports as root (the checkout need not be readable by uid 10001), then the user's turn.
-    script = (
-        "import os, sqlite3, sys\n"
-        "from exporter.relay.queue import Queue\n"
-        "os.setgroups([]); os.setgid(10001); os.setuid(10001)\n"
-        "try:\n"
-        "    queue = Queue(sys.argv[1])\n"
-        "except sqlite3.Error as error:\n"
-        "    print('refused at start:', error); sys.exit()\n"
-        "try:\n"
-        "    queue.check()\n"
-        "    print('ready')\n"
-        "except sqlite3.Error as error:\n"
-        "    print('not ready:', error)\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", script, str(path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert result.stdout.startswith(("refused at start:", "not ready:")), result.stdout
+def test_a_read_only_queue_file_is_refused_and_logged_once_until_it_is_writable(
+    tmp_path: Path,
+) -> None:
+    """A 0444 queue file: 503s, one line while it stays so, one when it is writable again."""
+    # Outside pytest's folders, which uid 10001 may not traverse.
+    with tempfile.TemporaryDirectory(prefix="gpuload-read-only-") as outside:
+        folder = Path(outside)
+        folder.chmod(0o755)
+        path = folder / "relay.db"
+        Queue(str(path)).close()
+        receiver = FakeTarget()
+        try:
+            config = write_config(tmp_path, _document(receiver, path))
+            for owned in (folder, *folder.iterdir()):
+                os.chown(owned, 10001, 10001)
+            path.chmod(0o444)
+            # Imports as root (the checkout need not be readable by uid 10001), then the user's.
+            result = subprocess.run(
+                [sys.executable, "-c", _READ_ONLY_SCRIPT, str(path), str(config)],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        finally:
+            receiver.close()
+        # SQLite gives the -wal and -shm files the database's mode: none was made read-only.
+        sidecars = {sidecar.name: sidecar.stat().st_mode for sidecar in folder.glob("relay.db-*")}
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0, result.stdout + result.stderr
+    refusal = f"refused: this user cannot write the queue file {path}: give it write permission"
+    assert lines[:2] == [refusal, refusal], lines
+    assert sum("cannot use the queue" in line for line in lines) == 1, lines
+    assert sum("records again" in line for line in lines) == 1, lines
+    # Reads go on while the file is read-only: recovery is told only once a write went through.
+    recovered = next(line for line in lines if "records again" in line)
+    assert lines.index(recovered) > lines.index("writable"), lines
+    assert lines[-1] == "ready", lines
+    assert all(mode & 0o200 for mode in sidecars.values()), sidecars

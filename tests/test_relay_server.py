@@ -30,6 +30,8 @@ from relay_helpers import (
     write_lock_held,
 )
 
+from exporter.web.server import MAX_SPARE_THREADS
+
 FAMILIES = {
     "gpuload_relay_notifications_received",
     "gpuload_relay_deliveries",
@@ -242,24 +244,28 @@ def test_queue_commands_retry_and_drop_while_the_relay_runs(
         refusing.close()
 
 
-def test_a_connections_thread_ends_with_its_connection(
+def test_connection_threads_wait_for_the_next_connection_a_few_at_most_and_end_at_stop(
     tmp_path: Path, receiver: FakeTarget
 ) -> None:
     before = set(threading.enumerate())
+
+    def serving() -> list[threading.Thread]:
+        started = set(threading.enumerate()) - before
+        return [thread for thread in started if thread.name == "http-connection"]
+
     with running_relay(tmp_path, hook(receiver)) as relay:
-        with ThreadPoolExecutor(4) as senders:
+        with ThreadPoolExecutor(40) as senders:
             answers = senders.map(
                 lambda i: post(relay.url, notification(alert(instance=f"node-{i}"))).status_code,
-                range(20),
+                range(80),
             )
-            assert list(answers) == [200] * 20
-
-        def serving() -> list[threading.Thread]:
-            started = set(threading.enumerate()) - before
-            return [thread for thread in started if thread.name == "http-connection"]
-
-        # Each sender closed its connection: no thread waits on for another (a pool would).
-        wait_until(lambda: not serving(), what="the connections' threads to end")
+            assert list(answers) == [200] * 80
+        # Each sender closed its connection: at most MAX_SPARE_THREADS threads wait on.
+        wait_until(
+            lambda: len(serving()) <= MAX_SPARE_THREADS, what="the connections' threads to end"
+        )
+    # Stopping the server ends the threads that wait.
+    wait_until(lambda: not serving(), what="the waiting threads to end at stop")
 
 
 def test_sigterm_with_many_half_sent_requests_exits_at_once(tmp_path: Path) -> None:

@@ -67,6 +67,8 @@ class QueueConfig:
     max_age: float
     dedup_window: float
     dead_letter_retention: float
+    # Seconds between integrity checks of the file (`exporter.relay.recovery`).
+    check_interval: float
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from exporter.relay.config import RelayConfig
 from exporter.relay.engine import Engine
-from exporter.relay.queue import Corrupt
 from exporter.relay.server import RelayApplication
 from exporter.web.server import Server
 from exporter.web.signals import stop_on_signals
@@ -98,9 +97,6 @@ def serve(config: RelayConfig, *, stop: threading.Event | None = None) -> int:
     """Run the relay until SIGTERM/SIGINT (or `stop` is set); returns the exit code."""
     try:
         relay = Relay(config)
-    except Corrupt as error:
-        log.error("%s", error)
-        return 1
     except sqlite3.Error as error:
         log.error("cannot open the queue %s: %s", config.queue.path, _why(config.queue.path, error))
         return 1

@@ -309,6 +309,9 @@ class Worker:
         ceiling = min(self._settings.backoff_max, STORAGE_BACKOFF_MAX)
         delay = backoff(self._storage_failures, self._settings.backoff_initial, ceiling)
         self._storage_retry_at = now + delay
+        # The next look writes first (the expiry): a read that succeeds says nothing of the
+        # write that failed, and "records again" after it would be false.
+        self._next_expiry = 0.0
         if self._unrecorded is not None:
             self._problems.report(
                 "storage",

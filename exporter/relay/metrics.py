@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     PlatformCollector,
     ProcessCollector,
@@ -117,6 +118,27 @@ class RelayMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=self.registry,
         )
+        self.queue_damaged = Gauge(
+            "gpuload_relay_queue_damaged",
+            "1 while the queue file is found damaged (new notifications refused, answered 503) "
+            "until it is recovered, else 0.",
+            registry=self.registry,
+        )
+        self.recoveries = Counter(
+            "gpuload_relay_queue_recoveries",
+            "Damaged queue files moved aside and read back into a fresh one, at start or "
+            "while running.",
+            registry=self.registry,
+        )
+        self.recovered_rows = Counter(
+            "gpuload_relay_queue_recovered_rows",
+            "Rows of damaged queue files by outcome: recovered (read back), or lost (an index "
+            "names them and their page cannot be read).",
+            ["outcome"],
+            registry=self.registry,
+        )
+        for outcome in ("recovered", "lost"):
+            self.recovered_rows.labels(outcome)
         for target in targets:
             for outcome in ("delivered", "failed", "rejected", "expired"):
                 self.deliveries.labels(target, outcome)

@@ -30,8 +30,9 @@ A full disk never strands what was accepted: the queue keeps a reserve file of
 delivery (or a retry, a dead letter) finds the disk full, and refuses new notifications
 while it cannot keep the reserve (:meth:`Queue.room`); they are accepted again by
 themselves once there is room. The WAL is checkpointed every 32 pages and cut back to
-128 KiB, so that it holds no more of the disk than the reserve gives back. A corrupt
-file stops the start with what to do, rather than failing every notification.
+128 KiB, so that it holds no more of the disk than the reserve gives back. A damaged
+file (`verify`, or a statement that finds it so) refuses new notifications until it is
+replaced by what could be read from it (`replaced`, `exporter.relay.recovery`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+import urllib.parse
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -64,6 +66,10 @@ _FULL, _CORRUPT, _NOT_A_DATABASE = 13, 11, 26
 
 class NoRoom(sqlite3.OperationalError):
     """The queue cannot take a notification now: the disk is full (it keeps its reserve)."""
+
+
+class ReadOnly(sqlite3.OperationalError):
+    """The queue file is there, and this user cannot write it."""
 
 
 class Corrupt(sqlite3.DatabaseError):
@@ -231,6 +237,9 @@ class Queue:
         # Writers in this process take turns here rather than in SQLite's busy handler, which
         # sleeps in growing steps (up to 100 ms) while another connection holds the lock.
         self._writing = threading.Lock()
+        # Held while the file is replaced (`replaced`): a connection opened meanwhile would make
+        # a new file at the path, beside the old file's WAL.
+        self._replacing = threading.Lock()
         # The group commit: enqueues join `_batch` under `_turn`; while `_committing`, one
         # thread commits an earlier batch and the others wait on their batch's condition, so
         # that a commit wakes only its own waiters and one of the next batch to commit it.
@@ -241,8 +250,11 @@ class Queue:
         self.commits = 0
         self._reserve = f"{path}-reserve"
         self._folder = os.path.dirname(os.path.abspath(path))
-        # Why the file is damaged, once a write found it so: it does not heal by itself.
+        # Why the file is damaged, once a check or a statement found it so: it does not heal
+        # by itself (see `exporter.relay.recovery`).
         self.corrupt: str | None = None
+        # Called on any SQLite error: the integrity check then looks again (it sets this).
+        self.on_error: Callable[[], None] | None = None
         try:
             self._create()
             problems = [row[0] for row in self._query("PRAGMA quick_check")]
@@ -267,7 +279,23 @@ class Queue:
         with self._borrowed() as db:
             db.executescript(_INDEXES)
 
-    def _open(self) -> sqlite3.Connection:
+    def _read_only(self) -> bool:
+        """Whether the file is there, in a writable folder, and this user cannot write it."""
+        return (
+            os.path.exists(self.path)
+            and not os.access(self.path, os.W_OK)
+            and os.access(os.path.dirname(self.path) or ".", os.W_OK)
+        )
+
+    def _open(self, *, read_only: bool) -> sqlite3.Connection:
+        if read_only:
+            # Opened for writing, SQLite would create the -wal and -shm files with the file's
+            # own mode: read-only to everyone, this relay too once the file is writable again.
+            # Immutable, it creates neither, and every write fails (an honest 503).
+            uri = f"file:{urllib.parse.quote(self.path)}?mode=ro&immutable=1"
+            return sqlite3.connect(
+                uri, uri=True, timeout=10, isolation_level=None, check_same_thread=False
+            )
         db = sqlite3.connect(self.path, timeout=10, isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
@@ -351,18 +379,29 @@ class Queue:
     @contextmanager
     def _borrowed(self) -> Iterator[sqlite3.Connection]:
         """A connection for this thread alone until the block ends."""
+        with self._replacing:  # no connection while the file is moved and made again
+            pass
         with self._lock:
             db = self._idle.pop() if self._idle else None
         if db is None:
-            db = self._open()
-            with self._lock:
-                self._connections.append(db)
+            # A read-only connection is never pooled: the next one may write, once it can.
+            read_only = self._read_only()
+            db = self._open(read_only=read_only)
+            if not read_only:
+                with self._lock:
+                    self._connections.append(db)
         try:
             yield db
+        except sqlite3.Error as error:
+            self._note(error)
+            raise
         finally:
             with self._lock:
                 if db in self._connections:
                     self._idle.append(db)
+                    db = None
+            if db is not None:  # read-only, or let go of while borrowed
+                db.close()
 
     def _query(self, sql: str, parameters: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
         with self._borrowed() as db:
@@ -387,6 +426,14 @@ class Queue:
         """How many enqueues wait for the next group commit."""
         with self._turn:
             return len(self._batch.enqueues)
+
+    def _forget(self) -> None:
+        """Close the idle connections; those borrowed now are closed when given back."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+            self._connections.clear()
+        for db in idle:
+            db.close()
 
     def close(self) -> None:
         """Close every connection."""
@@ -467,18 +514,65 @@ class Queue:
                 self._batch.turn.notify()
 
     def _refuse_if_unable(self) -> None:
-        """Raise Corrupt or NoRoom when a notification cannot be kept now."""
+        """Raise Corrupt, ReadOnly or NoRoom when a notification cannot be kept now."""
         if self.corrupt is not None:
             raise Corrupt(self.corrupt)
+        if self._read_only():
+            self._forget()  # its connections are read-only: new ones once the file is writable
+            raise ReadOnly(
+                f"this user cannot write the queue file {self.path}: give it write permission"
+            )
         reason = self.room()
         if reason is not None:
             raise NoRoom(reason)
 
     def _note(self, error: sqlite3.Error) -> None:
-        """Remember a damaged file: every later notification would fail the same way."""
-        if is_corrupt(error) and self.corrupt is None:
-            self.corrupt = _corrupt_message(self.path, str(error))
+        """Remember a damaged file; after any error, have the file checked again.
+
+        Every later notification would fail on a damaged file the same way.
+        """
+        if is_corrupt(error):
+            self._damaged(str(error))
+        if self.on_error is not None:
+            self.on_error()
+
+    def _damaged(self, problem: str) -> None:
+        if self.corrupt is None:
+            self.corrupt = _corrupt_message(self.path, problem)
             log.error("%s", self.corrupt)
+
+    def verify(self) -> str | None:
+        """Check the file's integrity (``PRAGMA quick_check``); what is wrong, or None.
+
+        On a connection of its own, opened for the check: a pooled one may hold pages in its
+        cache that the file no longer has. A damaged file is remembered, as `corrupt`.
+        """
+        db = self._open(read_only=self._read_only())
+        try:
+            problems = [str(row[0]) for row in db.execute("PRAGMA quick_check")]
+        except sqlite3.DatabaseError as error:
+            if not is_corrupt(error):
+                return None  # busy, locked, read-only: not the file's content
+            problems = [str(error)]
+        finally:
+            db.close()
+        if problems == ["ok"]:
+            return None
+        self._damaged(problems[0])
+        return problems[0]
+
+    def replaced(self, rebuild: Callable[[], T]) -> T:
+        """Run ``rebuild`` (a new file at `path`) with no write in progress, then use the file.
+
+        The queue is no longer damaged. Connections to the old file are closed (those
+        borrowed now, when given back: a read in progress ends on the old file).
+        """
+        with self._writing, self._replacing:
+            self._forget()
+            result = rebuild()
+            self._forget()
+            self.corrupt = None
+        return result
 
     def _insert_alone(
         self, db: sqlite3.Connection, enqueue: _Enqueue
@@ -509,6 +603,29 @@ class Queue:
             )
             results.append((target, cursor.rowcount > 0))
         return results
+
+    def restore(self, rows: Iterable[tuple[Any, ...]]) -> list[tuple[int, str]]:
+        """Insert rows read from a damaged file; (id, state) of each that fit.
+
+        Each row has every column, its id first, in the table's order; an incident of None (a
+        file of the first release) is taken from the body.
+        """
+        columns = (
+            "id, target, dedup_key, body, state, received_at, queued_at, expires_at, "
+            "next_attempt_at, attempts, last_error, finished_at, incident"
+        )
+        insert = f"INSERT INTO notifications ({columns}) VALUES ({', '.join('?' * 13)})"
+        kept = []
+        with self._transaction() as db:
+            for row in rows:
+                if row[12] is None:
+                    row = (*row[:12], group_key(str(row[3])) or str(row[2]))
+                try:
+                    db.execute(insert, row)
+                except sqlite3.Error:
+                    continue  # a row SQLite read back garbled (a NULL where none may be)
+                kept.append((int(row[0]), str(row[4])))
+        return kept
 
     def due(self, target: str, now: float, limit: int) -> list[Entry]:
         """The oldest queued rows of a target whose next attempt is due, one per incident.
@@ -635,7 +752,6 @@ class Queue:
 
 def _corrupt_message(path: str, problem: str) -> str:
     return (
-        f"the queue file {path} is corrupt ({problem}): stop gpuload, move {path} aside "
-        f"(`sqlite3 {path} .recover` may save the notifications it held) and start again "
-        "with an empty queue"
+        f"the queue file {path} is damaged ({problem}): new notifications are refused until "
+        "the relay has moved it aside and read what it still can into a fresh file"
     )

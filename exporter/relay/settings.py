@@ -62,6 +62,14 @@ def parse_queue_path(value: Any) -> str:
     return text
 
 
+def _check_interval(value: Any) -> float:
+    """How often the queue file's integrity is checked: damage is found within it."""
+    seconds = parse_duration(value)
+    if seconds > 60:
+        raise ValueError("expected a duration of at most 60s: damage must be found within a minute")
+    return seconds
+
+
 # Secrets (`*_file`, `*_env`) are references here; `exporter.relay.config` reads them.
 SETTINGS = Settings(
     [
@@ -93,6 +101,7 @@ SETTINGS = Settings(
         Setting("queue.max_age", parse_duration, 3600.0),
         Setting("queue.dedup_window", parse_duration, 3600.0),
         Setting("queue.dead_letter_retention", parse_duration, 7 * 24 * 3600.0),
+        Setting("queue.check_interval", _check_interval, 30.0),
         Setting("delivery.timeout", parse_duration, 10.0),
         Setting("delivery.backoff_initial", parse_duration, 1.0),
         Setting("delivery.backoff_max", parse_duration, 300.0),

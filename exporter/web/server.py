@@ -20,8 +20,11 @@ not, cannot get past (`Connections`):
 from __future__ import annotations
 
 import contextlib
+import functools
+import heapq
 import io
 import logging
+import queue
 import socket
 import sys
 import threading
@@ -66,6 +69,11 @@ LINGER_SECONDS = 2.0
 LINGER_BYTES = 256 * 1024
 # The exporter's largest request body (it has no use for one); the relay sets its own.
 MAX_BODY = 1 << 20
+# When full, how many of the longest-waiting connections are looked at for one to close.
+_EVICTION_PEEKS = 8
+# While a body is read, its reader answers 408 at the request's deadline; the sweeper, which
+# shuts the connection down without a word, waits this much longer, in case the reader cannot.
+ANSWER_GRACE = 2.0
 
 
 class Connection:
@@ -80,6 +88,13 @@ class Connection:
         self.since = now
         self.deadline: float | None = now + REQUEST_TIMEOUT
         self.idle = False
+
+    def unread(self) -> bool:
+        """Whether bytes the client sent wait, unread, in the connection's receive buffer."""
+        try:
+            return bool(self._shutter.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except OSError:  # nothing to read
+            return False
 
     def close(self, *, shut: bool) -> None:
         """Let go of the connection; ``shut``: shut it down for its thread too."""
@@ -123,11 +138,8 @@ class Connections:
         evicted = None
         with self._changed:
             if len(self._held) >= self._limit:
-                waiting = [held for held in self._held.values() if held.deadline is not None]
-                if not waiting:
-                    evicted = held  # not held after all
-                else:
-                    evicted = min(waiting, key=lambda waiter: waiter.since)
+                evicted = self._slowest() or held  # none waiting: the new one is not held
+                if evicted is not held:
                     del self._held[id(evicted)]
             if evicted is not held:
                 self._held[id(held)] = held
@@ -146,6 +158,20 @@ class Connections:
             evicted.close(shut=True)
         return held
 
+    def _slowest(self) -> Connection | None:
+        """The connection to close to make room: the one waiting longest for its request.
+
+        One with bytes waiting unread (a whole head, a TLS ClientHello) is passed over: its
+        thread, slow to start on a busy server, has not got to it yet. A client that reopens
+        every connection closed would otherwise have legitimate requests closed unread.
+        """
+        waiting = (held for held in self._held.values() if held.deadline is not None)
+        oldest = heapq.nsmallest(_EVICTION_PEEKS, waiting, key=lambda waiter: waiter.since)
+        for candidate in oldest:
+            if not candidate.unread():
+                return candidate
+        return oldest[0] if oldest else None
+
     def idle(self, held: Connection) -> None:
         """The connection waits for its next request, for at most KEEP_ALIVE_TIMEOUT."""
         with self._changed:
@@ -159,6 +185,16 @@ class Connections:
                 held.deadline = time.monotonic() + REQUEST_TIMEOUT
                 held.idle = False
             return held.deadline or time.monotonic() + REQUEST_TIMEOUT
+
+    def reading_body(self, held: Connection, deadline: float) -> None:
+        """The head is in: its reader times the body out at ``deadline`` and answers 408.
+
+        A sweeper shutting the connection down at the same deadline would race the reader
+        and sometimes win, closing it without an answer.
+        """
+        with self._changed:
+            if held.deadline is not None:
+                held.deadline = deadline + ANSWER_GRACE
 
     def answering(self, held: Connection) -> None:
         """The request is in: no deadline, and never closed to make room, while answered."""
@@ -260,6 +296,8 @@ class Handler(StreamRequestHandler):
                     return
                 connections.idle(held)
                 continue
+            if request.length:
+                connections.reading_body(held, deadline)
             try:
                 if request.expects_continue and request.length:
                     self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
@@ -435,14 +473,71 @@ class Handler(StreamRequestHandler):
 
 
 _FULL = refusal("gpuload: too many connections")
+# How long a thread that has served its connection waits for another before it ends, and how
+# many wait at most (the others end with their connection).
+THREAD_IDLE_SECONDS = 60.0
+MAX_SPARE_THREADS = 32
+
+
+class _Threads:
+    """The threads that serve connections, one each; up to MAX_SPARE_THREADS wait for the next.
+
+    Starting a thread waits until the new thread runs, which on a busy server (the GIL) held
+    the accepting thread up for milliseconds: a client reopening every connection closed to
+    it kept legitimate ones waiting in the listen backlog for seconds. Handing a connection
+    to a waiting thread does not wait.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[Callable[[], None] | None]] = []
+        self._closed = False
+
+    def run(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on a waiting thread, or a new one."""
+        with self._lock:
+            inbox = self._idle.pop() if self._idle else None
+        if inbox is not None:
+            inbox.put(job)
+            return
+        thread = threading.Thread(target=self._work, args=(job,), name="http-connection")
+        thread.daemon = True
+        thread.start()
+
+    def _work(self, job: Callable[[], None] | None) -> None:
+        inbox: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        while job is not None:
+            job()
+            with self._lock:
+                if self._closed or len(self._idle) >= MAX_SPARE_THREADS:
+                    return
+                self._idle.append(inbox)
+            try:
+                job = inbox.get(timeout=THREAD_IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if inbox in self._idle:  # else a job is being handed over: take it
+                        self._idle.remove(inbox)
+                        return
+                job = inbox.get()
+
+    def close(self) -> None:
+        """End the waiting threads; those serving a connection end after it."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for inbox in idle:
+            inbox.put(None)
 
 
 class _ThreadingServer(TCPServer):
     allow_reuse_address = True
     # socketserver's listen backlog is 5: a sixth simultaneous connection has its SYN
-    # dropped and the client retries after a second, which 10 concurrent scrapers (or an
-    # Alertmanager burst at the relay) hit at once.
-    request_queue_size = 128
+    # dropped and the client retries after a second (then 3, 7 s), which 10 concurrent
+    # scrapers (or an Alertmanager burst at the relay) hit at once; 128 overflowed under a
+    # client reopening hundreds of connections as fast as they were closed. The kernel caps
+    # it at net.core.somaxconn (4096 since Linux 5.4).
+    request_queue_size = 4096
     # Set when the web config turns TLS on.
     watcher: Watcher | None = None
     max_body: int = MAX_BODY
@@ -452,6 +547,7 @@ class _ThreadingServer(TCPServer):
     def __init__(self, address: tuple[str, int], handler: Any) -> None:
         self._local = threading.local()
         self.connections = Connections()
+        self.threads = _Threads()
         super().__init__(address, handler)
         host, port = self.server_address[:2]
         # What every request's WSGI environ starts from.
@@ -481,12 +577,7 @@ class _ThreadingServer(TCPServer):
         # a TLS record until the client's delayed ACK (~40 ms per scrape).
         with contextlib.suppress(OSError):
             request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(
-            target=self._serve,
-            args=(request, client_address, held),
-            name="http-connection",
-            daemon=True,
-        ).start()
+        self.threads.run(functools.partial(self._serve, request, client_address, held))
 
     def _serve(self, request: Any, client_address: Any, held: Connection) -> None:
         self._local.held = held
@@ -516,6 +607,7 @@ class _ThreadingServer(TCPServer):
         """Close the socket and shut down the connections waiting for a request."""
         super().server_close()
         self.connections.close()
+        self.threads.close()
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         """Serve one connection; over TLS, the handshake happens here, in its own thread."""
