@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 from exporter import __version__, config
 from exporter.collectors import REGISTRY
 from exporter.relay import arguments as relay_arguments
+from exporter.report import arguments as report_arguments
 from exporter.settings import parse_duration, with_flag_names
 
 # The simulator's settings, which `serve`, `sim exec` and `doctor` all take.
@@ -173,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     _sim_parser(subparsers)
     relay_arguments.add_parser(subparsers)
     _doctor_parser(subparsers)
+    report_arguments.add_parser(subparsers)
     subparsers.add_parser("collectors", help="list the collectors and their metric families")
     return parser
 
@@ -376,6 +378,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return relay_cli.run(args)
     if args.command == "doctor":
         return _doctor(args)
+    if args.command == "report":
+        from exporter.report import command as report_command
+
+        return report_command.run(args)
     return _collectors()
 
 

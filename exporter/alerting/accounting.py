@@ -89,14 +89,18 @@ def accounting_group(thresholds: Thresholds) -> Group:
 
 
 def _state(thresholds: Thresholds) -> str:
-    """Each GPU's one state: hung where the bottleneck rules say so, else its fleet state."""
+    """Each GPU's one state: hung where the bottleneck rules say so, else its fleet state.
+
+    The newest state where two are within the lookback: a state that ended without a staleness
+    marker (after a Prometheus restart, in backfilled blocks) must not count a GPU twice.
+    """
     names = recording_names(thresholds)
     return (
         "(\n"
         f'  label_replace(group by ({GPU}) ({names["bottleneck"]}{{bottleneck="{HUNG}"}}),'
         f' "state", "{HUNG}", "", "")\n'
         f"  or on ({GPU})\n"
-        f"  group by ({GPU}, state) ({names['state']})\n"
+        f"  group by ({GPU}, state) (topk by ({GPU}) (1, timestamp({names['state']})))\n"
         ")"
     )
 

@@ -1,0 +1,6 @@
+"""`gpuload report`: GPU-hours allocated, used and idle per namespace and owner, and their cost.
+
+It reads the accounting rules' series (:mod:`exporter.alerting.accounting`) from a
+Prometheus-compatible query API over a period (:mod:`~exporter.report.period`), sums them
+(:mod:`~exporter.report.ledger`) and prints them (:mod:`~exporter.report.render`).
+"""

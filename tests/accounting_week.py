@@ -1,0 +1,422 @@
+"""A week of the `pods` scenario as a Prometheus would store it, with its truth, and its rules.
+
+:func:`week` writes the series the accounting rules read, one scrape a minute, as OpenMetrics
+text for `promtool tsdb create-blocks-from openmetrics`: the scenario's GPUs, pods, owners and
+teams (exporter/sim/scenarios/pods.yaml: each GPU at its utilization's mean, each shared GPU's
+processes by their weights, each MIG instance by its SMs), its one-off job stretched to end at the
+same share of the week as of the scenario, a 20-minute scrape gap and an exporter restart (every
+counter back to 0). :class:`Truth` sums the same minutes: GPU-hours held and used per namespace
+and owner, and by no pod, counting only minutes that have a scrape.
+
+:func:`backfill_rules` then records the rules over the week the way Prometheus would have:
+`promtool tsdb create-blocks-from rules` evaluates one level of rules at a time (the rules a
+level reads are recorded by the levels before it) against a real Prometheus on the blocks, whose
+output blocks join the data before the next level.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+from exporter.alerting import accounting, thresholds
+from exporter.alerting.definition import Recording
+from exporter.alerting.rules import rule_groups
+from exporter.sim.scenario import SCENARIO_DIR
+
+MONDAY = 1_795_996_800  # 2026-11-30T00:00:00Z
+WEEK = 7 * 86400
+STEP = 60
+# Samples before and after the week, so the week's first minutes have whole windows.
+MARGIN = 30 * 60
+GAP = (MONDAY + 2 * 86400 + 3 * 3600, 20 * 60)  # Wednesday 03:00, 20 minutes
+RESTART = MONDAY + 4 * 86400 + 9 * 3600  # Friday 09:00
+INSTANCE = {"instance": "gpu-node-7:19400", "job": "gpuload", "node": "gpu-node-7"}
+KSM = {"instance": "ksm:8080", "job": "kube-state-metrics"}
+MODEL = "NVIDIA H100 80GB HBM3"
+SMS_PER_SLICE = 16  # an H100's, as the simulator's MIG devices report
+
+
+@dataclass
+class Holding:
+    """One container's hold on a GPU or MIG instance: its share and the GPU time it uses."""
+
+    namespace: str
+    pod: str
+    container: str
+    gpu: int
+    mig_instance: str
+    share: float
+    use: float
+    until: float
+    owner: tuple[str, str]
+
+
+@dataclass
+class Truth:
+    """GPU-hours per (namespace, owner_kind, owner_name), and of no pod, over the week's minutes."""
+
+    allocated: dict[tuple[str, str, str], float] = field(default_factory=lambda: defaultdict(float))
+    used: dict[tuple[str, str, str], float] = field(default_factory=lambda: defaultdict(float))
+    unallocated: float = 0.0
+    unallocated_used: float = 0.0
+    minutes: int = 0
+
+
+def _mean(value: Any) -> float:
+    return float(value["value"] if isinstance(value, dict) else value or 0.0)
+
+
+def _slices(profile: str) -> int:
+    return int(profile.split("g", 1)[0])
+
+
+def _owner(pod: dict[str, Any]) -> tuple[str, str]:
+    owners = pod.get("owners") or []
+    if not owners:
+        return ("Pod", pod["name"])
+    kind, name = owners[-1].split("/", 1)
+    return (kind, name)
+
+
+def holdings(scenario: dict[str, Any]) -> tuple[list[Holding], dict[int, float]]:
+    """Each container's holdings, and what each GPU no pod holds uses (its processes outside pods)."""
+    gpus = scenario["gpus"]
+    phases_total = sum(_seconds(p["duration"]) for p in scenario.get("phases", [])) or 600
+    pods = scenario["kubernetes"]["pods"]
+    shared: dict[int, list[tuple[dict[str, Any], dict[str, Any]]]] = defaultdict(list)
+    result: list[Holding] = []
+    for pod in pods:
+        until = _seconds(pod["until"]) / phases_total if "until" in pod else 1.0
+        for container in pod["containers"]:
+            common = (pod["namespace"], pod["name"], container["name"])
+            for gpu in container.get("gpus", []) + container.get("claim", {}).get("gpus", []):
+                use = _use(gpus[gpu])
+                result.append(Holding(*common, gpu, "", 1.0, use, until, _owner(pod)))
+            for gpu in container.get("shared", []):
+                shared[gpu].append((pod, container))
+            for mig in container.get("mig", []):
+                instances = gpus[mig["gpu"]]["mig"]
+                held = next(i for i in instances if i["gpu_instance_id"] == mig["instance"])
+                share = _slices(held["profile"]) / sum(_slices(i["profile"]) for i in instances)
+                use = share * _mean(held.get("overrides", {}).get("utilization"))
+                result.append(
+                    Holding(*common, mig["gpu"], str(mig["instance"]), share, use, until, _owner(pod))
+                )
+    for gpu, holders in shared.items():
+        processes = gpus[gpu]["overrides"]["processes"]
+        weights = {p["pid"]: p.get("weight", 1) for p in processes}
+        total = sum(weights.values())
+        for pod, container in holders:
+            weight = sum(weights[pid] for pid in container["pids"])
+            use = _use(gpus[gpu]) * weight / total
+            result.append(
+                Holding(
+                    pod["namespace"], pod["name"], container["name"], gpu, "",
+                    1 / len(holders), use, 1.0, _owner(pod),
+                )
+            )  # fmt: skip
+    held = {h.gpu for h in result}
+    free = {i: _use(g) for i, g in enumerate(gpus) if i not in held}
+    return result, free
+
+
+def _use(gpu: dict[str, Any]) -> float:
+    overrides = gpu.get("overrides", {})
+    if "utilization" in overrides:
+        return _mean(overrides["utilization"])
+    phases = gpu.get("phases")
+    return _mean(phases[0].get("utilization")) if phases else 0.0
+
+
+def _seconds(text: str) -> float:
+    return float(thresholds.duration_seconds(text))
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return "{" + ",".join(f'{k}="{v}"' for k, v in labels.items() if v != "") + "}"
+
+
+def week(path: Path) -> Truth:
+    """Write the week's OpenMetrics to ``path``; its truth."""
+    scenario = yaml.safe_load((SCENARIO_DIR / "pods.yaml").read_text(encoding="utf-8"))
+    held, free = holdings(scenario)
+    times = [t for t in range(MONDAY - MARGIN, MONDAY + WEEK + MARGIN, STEP) if not _in_gap(t)]
+    ended = {h.pod: MONDAY + h.until * WEEK for h in held}
+    truth = Truth()
+    for t in times:
+        if not MONDAY <= t < MONDAY + WEEK:
+            continue
+        truth.minutes += 1
+        for h in held:
+            if t < ended[h.pod]:
+                key = (h.namespace, *h.owner)
+                truth.allocated[key] += h.share / 60
+                truth.used[key] += h.use / 60
+        for gpu in range(len(scenario["gpus"])):
+            if not any(h.gpu == gpu and t < ended[h.pod] for h in held):
+                truth.unallocated += 1 / 60
+                truth.unallocated_used += free.get(gpu, 0.0) / 60
+    with path.open("w", encoding="utf-8") as out:
+        for family, kind, series in _families(scenario, held, free, ended):
+            out.write(f"# TYPE {family} {kind}\n")
+            for labels, value_at in series:
+                name = f"{family}_total" if kind == "counter" else family
+                text = _labels(labels)
+                if isinstance(value_at, _Counter):
+                    for t, total in zip(times, value_at.values(times), strict=True):
+                        out.write(f"{name}{text} {total:.3f} {t}\n")
+                    continue
+                for t in times:
+                    value = value_at(t)
+                    if value is not None:
+                        out.write(f"{name}{text} {value:.12g} {t}\n")
+        out.write("# EOF\n")
+    return truth
+
+
+def _in_gap(t: int) -> bool:
+    return GAP[0] <= t < GAP[0] + GAP[1]
+
+
+Series = tuple[dict[str, str], Any]
+
+
+class _Counter:
+    """A counter of seconds at ``rate(t)`` per second, back at 0 at :data:`RESTART`."""
+
+    def __init__(self, rate: Callable[[int], float]) -> None:
+        self.rate = rate
+
+    def values(self, times: list[int]) -> Iterator[float]:
+        total, last = 0.0, MONDAY - MARGIN
+        for t in times:
+            if last < RESTART <= t:
+                total, last = 0.0, RESTART
+            total += sum(self.rate(s) * STEP for s in range(last, t, STEP))
+            last = t
+            yield total
+
+
+def _counter(rate: Callable[[int], float]) -> _Counter:
+    return _Counter(rate)
+
+
+def _families(
+    scenario: dict[str, Any], held: list[Holding], free: dict[int, float], ended: dict[str, float]
+) -> Iterator[tuple[str, str, list[Series]]]:
+    gpus = scenario["gpus"]
+
+    def gpu_labels(i: int) -> dict[str, str]:
+        return {**INSTANCE, "gpu": str(i), "uuid": f"GPU-{i:08d}"}
+
+    def alive(pod: str) -> Callable[[int], float | None]:
+        return lambda t: 1.0 if t < ended[pod] else None
+
+    def whole_use(i: int) -> Callable[[int], float]:
+        mine = [h for h in held if h.gpu == i and not h.mig_instance]
+        if not mine:
+            return lambda t: free.get(i, 0.0)
+        return lambda t: sum(h.use for h in mine if t < ended[h.pod])
+
+    yield "gpuload_last_collection_timestamp_seconds", "gauge", [(dict(INSTANCE), float)]
+    yield "gpu_up", "gauge", [(gpu_labels(i), lambda t: 1.0) for i in range(len(gpus))]
+    yield "gpu_info", "gauge", [({**gpu_labels(i), "name": MODEL}, lambda t: 1.0) for i in range(len(gpus))]
+    mig = [i for i, g in enumerate(gpus) if g.get("mig")]
+    yield "gpu_mig_mode_enabled", "gauge", [(gpu_labels(i), (lambda t, m=i in mig: float(m))) for i in range(len(gpus))]
+
+    def processes(i: int) -> Callable[[int], float]:
+        mine = [h for h in held if h.gpu == i]
+        if not mine:
+            return lambda t: 1.0 if free.get(i) else 0.0
+        return lambda t: float(sum(1 for h in mine if t < ended[h.pod]))
+
+    yield "gpu_processes", "gauge", [(gpu_labels(i), processes(i)) for i in range(len(gpus))]
+    yield "gpu_utilization_seconds", "counter", [
+        (gpu_labels(i), _counter(whole_use(i))) for i in range(len(gpus)) if i not in mig
+    ]
+    instances = [(i, m) for i in mig for m in gpus[i]["mig"]]
+    yield "gpu_mig_multiprocessors", "gauge", [
+        (
+            {**gpu_labels(i), "mig_instance": str(m["gpu_instance_id"]), "mig_compute_instance": "0", "mig_profile": m["profile"]},
+            (lambda t, n=_slices(m["profile"]) * SMS_PER_SLICE: float(n)),
+        )
+        for i, m in instances
+    ]
+    yield "gpu_mig_sm_active_seconds", "counter", [
+        (
+            {**gpu_labels(i), "mig_instance": str(m["gpu_instance_id"]), "mig_profile": m["profile"]},
+            _counter(lambda t, u=_mean(m.get("overrides", {}).get("utilization")): u),
+        )
+        for i, m in instances
+    ]
+    pod_labels = [
+        (h, {**gpu_labels(h.gpu), "namespace": h.namespace, "pod": h.pod, "container": h.container, "mig_instance": h.mig_instance})
+        for h in held
+    ]
+    yield "gpu_pod_info", "gauge", [(labels, alive(h.pod)) for h, labels in pod_labels]
+    shares = [(h, labels) for h, labels in pod_labels if h.share < 1 and not h.mig_instance]
+    yield "gpu_pod_utilization_seconds", "counter", [
+        ({k: v for k, v in labels.items() if k != "mig_instance"}, _counter(lambda t, u=h.use: u))
+        for h, labels in shares
+    ]
+    yield from _kube_state_metrics(scenario, ended)
+
+
+def _kube_state_metrics(
+    scenario: dict[str, Any], ended: dict[str, float]
+) -> Iterator[tuple[str, str, list[Series]]]:
+    """kube-state-metrics' series of the scenario's pods, for as long as each pod lives."""
+    owners: list[Series] = []
+    replicasets: list[Series] = []
+    jobs: list[Series] = []
+    labels: list[Series] = []
+    for pod in scenario["kubernetes"]["pods"]:
+        alive = (lambda t, end=ended.get(pod["name"], math.inf): 1.0 if t < end else None)
+        base = {**KSM, "namespace": pod["namespace"], "pod": pod["name"], "uid": pod["name"]}
+        chain = [o.split("/", 1) for o in pod.get("owners") or []]
+        first = chain[0] if chain else ["<none>", "<none>"]
+        owners.append(
+            (
+                {**base, "owner_kind": first[0], "owner_name": first[1], "owner_is_controller": "true" if chain else "<none>"},
+                alive,
+            )
+        )
+        if len(chain) > 1:
+            family = replicasets if chain[0][0] == "ReplicaSet" else jobs
+            key = "replicaset" if chain[0][0] == "ReplicaSet" else "job_name"
+            family.append(
+                (
+                    {**KSM, "namespace": pod["namespace"], key: chain[0][1], "owner_kind": chain[1][0], "owner_name": chain[1][1], "owner_is_controller": "true"},
+                    alive,
+                )
+            )
+        team = (pod.get("labels") or {}).get("team")
+        if team:
+            labels.append(({**base, "label_team": team}, alive))
+    yield "kube_pod_owner", "gauge", owners
+    yield "kube_replicaset_owner", "gauge", replicasets
+    yield "kube_job_owner", "gauge", jobs
+    yield "kube_pod_labels", "gauge", labels
+
+
+def rule_levels() -> list[list[Recording]]:
+    """The rules the accounting group reads, transitively, by level: each reads only earlier ones.
+
+    A reference with equality matchers on a rule's own labels (``{bottleneck="hung"}``) needs
+    only the rules of that name whose labels match.
+    """
+    recordings = [
+        rule
+        for groups in rule_groups(thresholds.load()).values()
+        for group in groups
+        for rule in group.recordings()
+    ]
+    by_name: dict[str, list[Recording]] = defaultdict(list)
+    for rule in recordings:
+        by_name[rule.record].append(rule)
+    reference = re.compile(r"([a-z_]+:[a-z0-9_]+:[a-z0-9_]+)(\{[^}]*\})?")
+    level: dict[int, int] = {}
+
+    def needs(rule: Recording) -> list[Recording]:
+        found = []
+        for name, matchers in reference.findall(rule.expr):
+            wanted = dict(re.findall(r'(\w+)="([^"]*)"', matchers))
+            for other in by_name.get(name, []):
+                if other is rule or other.record == rule.record:
+                    continue
+                if all(other.labels.get(k, v) == v for k, v in wanted.items()):
+                    found.append(other)
+        return found
+
+    def depth(rule: Recording) -> int:
+        if id(rule) not in level:
+            level[id(rule)] = 1 + max((depth(other) for other in needs(rule)), default=0)
+        return level[id(rule)]
+
+    wanted: dict[int, Recording] = {}
+    todo = [rule for rule in recordings if rule.record in _accounting_names()]
+    while todo:
+        rule = todo.pop()
+        if id(rule) not in wanted:
+            wanted[id(rule)] = rule
+            todo.extend(needs(rule))
+    levels: list[list[Recording]] = [[] for _ in range(max(map(depth, wanted.values())))]
+    for rule in recordings:
+        if id(rule) in wanted:
+            levels[depth(rule) - 1].append(rule)
+    return levels
+
+
+def _accounting_names() -> set[str]:
+    group = next(
+        g for groups in rule_groups(thresholds.load()).values() for g in groups if g.name == accounting.GROUP
+    )
+    return {rule.record for rule in group.recordings()}
+
+
+def create_blocks(openmetrics: Path, data: Path) -> None:
+    """Load OpenMetrics text into a Prometheus data folder as blocks."""
+    promtool = shutil.which("promtool")
+    assert promtool is not None
+    subprocess.run(
+        [
+            promtool, "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=192h",
+            str(openmetrics), str(data),
+        ],  # fmt: skip
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+
+
+def backfill_rules(
+    data: Path, folder: Path, start_prometheus: Callable[[Path, str], str], stop: Callable[[], None]
+) -> None:
+    """Record the accounting rules over the week, level by level, into ``data``.
+
+    ``start_prometheus(data, name)`` starts a Prometheus on ``data`` and returns its URL;
+    ``stop()`` stops it. Each rule of a level is one range query over the week and its margins,
+    a step every :data:`~exporter.alerting.accounting.INTERVAL` (what `promtool tsdb
+    create-blocks-from rules` does, in one query instead of one per two hours), written as
+    OpenMetrics and loaded as blocks before the next level. Backfilled series have no staleness
+    markers: Prometheus must run with a lookback just under a scrape interval (59s), so that a series that
+    ended (a scrape gap, a state left) is gone a minute later, as a staleness marker would end it.
+    """
+    begin, end = MONDAY - MARGIN + 600, MONDAY + WEEK + MARGIN - 600
+    for number, rules in enumerate(rule_levels()):
+        url = start_prometheus(data, f"level-{number}")
+        output = folder / f"level-{number}.om"
+        try:
+            families: dict[str, list[str]] = defaultdict(list)
+            for rule in rules:
+                answer = requests.post(
+                    url + "/api/v1/query_range",
+                    data={"query": rule.expr, "start": begin, "end": end, "step": STEP},
+                    timeout=300,
+                ).json()
+                assert answer["status"] == "success", (rule.record, answer)
+                for series in answer["data"]["result"]:
+                    labels = {k: v for k, v in series["metric"].items() if k != "__name__"}
+                    text = _labels({**labels, **rule.labels})
+                    families[rule.record].extend(
+                        f"{rule.record}{text} {value} {t}" for t, value in series["values"]
+                    )
+        finally:
+            stop()
+        with output.open("w", encoding="utf-8") as out:
+            for name, lines in families.items():
+                out.write(f"# TYPE {name} gauge\n")
+                out.write("\n".join(lines) + "\n")
+            out.write("# EOF\n")
+        create_blocks(output, data)
