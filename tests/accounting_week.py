@@ -90,7 +90,7 @@ def _owner(pod: dict[str, Any]) -> tuple[str, str]:
 
 
 def holdings(scenario: dict[str, Any]) -> tuple[list[Holding], dict[int, float]]:
-    """Each container's holdings, and what each GPU no pod holds uses (its processes outside pods)."""
+    """Each container's holdings, and what each GPU no pod holds uses (work outside pods)."""
     gpus = scenario["gpus"]
     phases_total = sum(_seconds(p["duration"]) for p in scenario.get("phases", [])) or 600
     pods = scenario["kubernetes"]["pods"]
@@ -111,7 +111,9 @@ def holdings(scenario: dict[str, Any]) -> tuple[list[Holding], dict[int, float]]
                 share = _slices(held["profile"]) / sum(_slices(i["profile"]) for i in instances)
                 use = share * _mean(held.get("overrides", {}).get("utilization"))
                 result.append(
-                    Holding(*common, mig["gpu"], str(mig["instance"]), share, use, until, _owner(pod))
+                    Holding(
+                        *common, mig["gpu"], str(mig["instance"]), share, use, until, _owner(pod)
+                    )
                 )
     for gpu, holders in shared.items():
         processes = gpus[gpu]["overrides"]["processes"]
@@ -212,6 +214,14 @@ def _counter(rate: Callable[[int], float]) -> _Counter:
     return _Counter(rate)
 
 
+def _constant(value: float) -> Callable[[int], float]:
+    return lambda t: float(value)
+
+
+def _until(end: float) -> Callable[[int], float | None]:
+    return lambda t: 1.0 if t < end else None
+
+
 def _families(
     scenario: dict[str, Any], held: list[Holding], free: dict[int, float], ended: dict[str, float]
 ) -> Iterator[tuple[str, str, list[Series]]]:
@@ -231,9 +241,17 @@ def _families(
 
     yield "gpuload_last_collection_timestamp_seconds", "gauge", [(dict(INSTANCE), float)]
     yield "gpu_up", "gauge", [(gpu_labels(i), lambda t: 1.0) for i in range(len(gpus))]
-    yield "gpu_info", "gauge", [({**gpu_labels(i), "name": MODEL}, lambda t: 1.0) for i in range(len(gpus))]
+    yield (
+        "gpu_info",
+        "gauge",
+        [({**gpu_labels(i), "name": MODEL}, lambda t: 1.0) for i in range(len(gpus))],
+    )
     mig = [i for i, g in enumerate(gpus) if g.get("mig")]
-    yield "gpu_mig_mode_enabled", "gauge", [(gpu_labels(i), (lambda t, m=i in mig: float(m))) for i in range(len(gpus))]
+    yield (
+        "gpu_mig_mode_enabled",
+        "gauge",
+        [(gpu_labels(i), (lambda t, m=i in mig: float(m))) for i in range(len(gpus))],
+    )
 
     def processes(i: int) -> Callable[[int], float]:
         mine = [h for h in held if h.gpu == i]
@@ -242,34 +260,69 @@ def _families(
         return lambda t: float(sum(1 for h in mine if t < ended[h.pod]))
 
     yield "gpu_processes", "gauge", [(gpu_labels(i), processes(i)) for i in range(len(gpus))]
-    yield "gpu_utilization_seconds", "counter", [
-        (gpu_labels(i), _counter(whole_use(i))) for i in range(len(gpus)) if i not in mig
-    ]
+    yield (
+        "gpu_utilization_seconds",
+        "counter",
+        [(gpu_labels(i), _counter(whole_use(i))) for i in range(len(gpus)) if i not in mig],
+    )
     instances = [(i, m) for i in mig for m in gpus[i]["mig"]]
-    yield "gpu_mig_multiprocessors", "gauge", [
-        (
-            {**gpu_labels(i), "mig_instance": str(m["gpu_instance_id"]), "mig_compute_instance": "0", "mig_profile": m["profile"]},
-            (lambda t, n=_slices(m["profile"]) * SMS_PER_SLICE: float(n)),
-        )
-        for i, m in instances
-    ]
-    yield "gpu_mig_sm_active_seconds", "counter", [
-        (
-            {**gpu_labels(i), "mig_instance": str(m["gpu_instance_id"]), "mig_profile": m["profile"]},
-            _counter(lambda t, u=_mean(m.get("overrides", {}).get("utilization")): u),
-        )
-        for i, m in instances
-    ]
+    yield (
+        "gpu_mig_multiprocessors",
+        "gauge",
+        [
+            (
+                {
+                    **gpu_labels(i),
+                    "mig_instance": str(m["gpu_instance_id"]),
+                    "mig_compute_instance": "0",
+                    "mig_profile": m["profile"],
+                },
+                _constant(_slices(m["profile"]) * SMS_PER_SLICE),
+            )
+            for i, m in instances
+        ],
+    )
+    yield (
+        "gpu_mig_sm_active_seconds",
+        "counter",
+        [
+            (
+                {
+                    **gpu_labels(i),
+                    "mig_instance": str(m["gpu_instance_id"]),
+                    "mig_profile": m["profile"],
+                },
+                _counter(_constant(_mean(m.get("overrides", {}).get("utilization")))),
+            )
+            for i, m in instances
+        ],
+    )
     pod_labels = [
-        (h, {**gpu_labels(h.gpu), "namespace": h.namespace, "pod": h.pod, "container": h.container, "mig_instance": h.mig_instance})
+        (
+            h,
+            {
+                **gpu_labels(h.gpu),
+                "namespace": h.namespace,
+                "pod": h.pod,
+                "container": h.container,
+                "mig_instance": h.mig_instance,
+            },
+        )
         for h in held
     ]
     yield "gpu_pod_info", "gauge", [(labels, alive(h.pod)) for h, labels in pod_labels]
     shares = [(h, labels) for h, labels in pod_labels if h.share < 1 and not h.mig_instance]
-    yield "gpu_pod_utilization_seconds", "counter", [
-        ({k: v for k, v in labels.items() if k != "mig_instance"}, _counter(lambda t, u=h.use: u))
-        for h, labels in shares
-    ]
+    yield (
+        "gpu_pod_utilization_seconds",
+        "counter",
+        [
+            (
+                {k: v for k, v in labels.items() if k != "mig_instance"},
+                _counter(_constant(h.use)),
+            )
+            for h, labels in shares
+        ],
+    )
     yield from _kube_state_metrics(scenario, ended)
 
 
@@ -282,13 +335,18 @@ def _kube_state_metrics(
     jobs: list[Series] = []
     labels: list[Series] = []
     for pod in scenario["kubernetes"]["pods"]:
-        alive = (lambda t, end=ended.get(pod["name"], math.inf): 1.0 if t < end else None)
+        alive = _until(ended.get(pod["name"], math.inf))
         base = {**KSM, "namespace": pod["namespace"], "pod": pod["name"], "uid": pod["name"]}
         chain = [o.split("/", 1) for o in pod.get("owners") or []]
         first = chain[0] if chain else ["<none>", "<none>"]
         owners.append(
             (
-                {**base, "owner_kind": first[0], "owner_name": first[1], "owner_is_controller": "true" if chain else "<none>"},
+                {
+                    **base,
+                    "owner_kind": first[0],
+                    "owner_name": first[1],
+                    "owner_is_controller": "true" if chain else "<none>",
+                },
                 alive,
             )
         )
@@ -297,7 +355,14 @@ def _kube_state_metrics(
             key = "replicaset" if chain[0][0] == "ReplicaSet" else "job_name"
             family.append(
                 (
-                    {**KSM, "namespace": pod["namespace"], key: chain[0][1], "owner_kind": chain[1][0], "owner_name": chain[1][1], "owner_is_controller": "true"},
+                    {
+                        **KSM,
+                        "namespace": pod["namespace"],
+                        key: chain[0][1],
+                        "owner_kind": chain[1][0],
+                        "owner_name": chain[1][1],
+                        "owner_is_controller": "true",
+                    },
                     alive,
                 )
             )
@@ -360,7 +425,10 @@ def rule_levels() -> list[list[Recording]]:
 
 def _accounting_names() -> set[str]:
     group = next(
-        g for groups in rule_groups(thresholds.load()).values() for g in groups if g.name == accounting.GROUP
+        g
+        for groups in rule_groups(thresholds.load()).values()
+        for g in groups
+        if g.name == accounting.GROUP
     )
     return {rule.record for rule in group.recordings()}
 
@@ -371,9 +439,14 @@ def create_blocks(openmetrics: Path, data: Path) -> None:
     assert promtool is not None
     subprocess.run(
         [
-            promtool, "tsdb", "create-blocks-from", "openmetrics", "--max-block-duration=192h",
-            str(openmetrics), str(data),
-        ],  # fmt: skip
+            promtool,
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            "--max-block-duration=192h",
+            str(openmetrics),
+            str(data),
+        ],
         check=True,
         capture_output=True,
         timeout=300,
@@ -390,8 +463,9 @@ def backfill_rules(
     a step every :data:`~exporter.alerting.accounting.INTERVAL` (what `promtool tsdb
     create-blocks-from rules` does, in one query instead of one per two hours), written as
     OpenMetrics and loaded as blocks before the next level. Backfilled series have no staleness
-    markers: Prometheus must run with a lookback just under a scrape interval (59s), so that a series that
-    ended (a scrape gap, a state left) is gone a minute later, as a staleness marker would end it.
+    markers: Prometheus must run with a lookback just under a scrape interval (59s), so that a
+    series that ended (a scrape gap, a state left) is gone a minute later, as a staleness marker
+    would end it.
     """
     begin, end = MONDAY - MARGIN + 600, MONDAY + WEEK + MARGIN - 600
     for number, rules in enumerate(rule_levels()):

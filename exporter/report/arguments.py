@@ -1,9 +1,10 @@
-"""The arguments of `gpuload report`, apart from its work so that building the command line
-imports none of it."""
+"""The arguments of `gpuload report`.
+
+Apart from its work, so that building the command line imports none of it.
+"""
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from exporter.report.render import FORMATS

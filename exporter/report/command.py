@@ -30,13 +30,12 @@ def prices(args: argparse.Namespace) -> Prices:
                 raise ValueError
             models[model] = float(value)
         except ValueError as error:
-            raise UsageError(
-                f"--price {item!r}: expected MODEL=PRICE, e.g. 'H100=2.5'"
-            ) from error
+            raise UsageError(f"--price {item!r}: expected MODEL=PRICE, e.g. 'H100=2.5'") from error
     return Prices(models, args.default_price, args.currency)
 
 
 def period_of(args: argparse.Namespace, now: dt.datetime) -> Period:
+    """The period the flags name."""
     return parse(
         now=now,
         since=args.since,
@@ -49,7 +48,7 @@ def period_of(args: argparse.Namespace, now: dt.datetime) -> Period:
 
 def run(
     args: argparse.Namespace,
-    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
 ) -> int:
     """Print the report; 0 complete, 1 partial, 2 could not run."""
     try:
@@ -77,7 +76,9 @@ def emit(report: Report, args: argparse.Namespace, url: str) -> int:
         return 2
     sys.stdout.write(render(report, args.output))
     if report.coverage < args.min_coverage:
-        first = dt.datetime.fromtimestamp(report.first_data, dt.UTC).astimezone(report.period.zone)
+        first = dt.datetime.fromtimestamp(report.first_data, dt.timezone.utc).astimezone(
+            report.period.zone
+        )
         late = report.first_data - report.period.start.timestamp() > 3600
         why = (
             f"; the data begins at {first:%Y-%m-%d %H:%M} (older is past the store's retention, "

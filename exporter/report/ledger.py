@@ -90,26 +90,32 @@ class Line:
 
     @property
     def allocated(self) -> float:
+        """GPU-hours held, in every state."""
         return sum(self.states.values())
 
     @property
     def used(self) -> float:
+        """GPU-hours used, hung left out."""
         return sum(v for state, v in self.used_states.items() if state != accounting.HUNG)
 
     @property
     def hung_used(self) -> float:
+        """GPU-hours a hung GPU was busy: not use."""
         return self.used_states.get(accounting.HUNG, 0.0)
 
     @property
     def unmeasured(self) -> float:
+        """GPU-hours held in states whose use cannot be measured."""
         return sum(self.states.get(state, 0.0) for state in UNMEASURED)
 
     @property
     def idle(self) -> float:
+        """GPU-hours held and measured but not used."""
         return max(0.0, self.allocated - self.unmeasured - self.used)
 
     @property
     def efficiency(self) -> float | None:
+        """Used over held-and-measured; None where nothing was measured."""
         measured = self.allocated - self.unmeasured
         return self.used / measured if measured > 0 else None
 
@@ -168,17 +174,18 @@ def window(period: Period) -> tuple[str, float]:
     return f"{milliseconds}ms", period.end.timestamp() - 0.001
 
 
-def _model() -> str:
-    return "max by ({gpu}, name) (last_over_time(gpu_info[{{w}}]))".format(gpu=GPU)
+def _model(w: str) -> str:
+    """Each GPU's model over ``w``: gpu_info's ``name``."""
+    return f"max by ({GPU}, name) (last_over_time(gpu_info[{w}]))"
 
 
 def hours_query(series: str, keys: tuple[str, ...], w: str) -> str:
     """GPU-time of ``series`` over ``w`` by ``keys``, ``state`` and GPU model, in samples."""
     by = ", ".join((*keys, "state"))
-    model = _model().format(w=w)
+    model, total = _model(w), f"sum_over_time({series}[{w}])"
     return (
-        f"sum by ({by}, name) (sum_over_time({series}[{w}]) * on ({GPU}) group_left (name) {model})\n"
-        f"or\nsum by ({by}) (sum_over_time({series}[{w}]) unless on ({GPU}) {model})"
+        f"sum by ({by}, name) ({total} * on ({GPU}) group_left (name) {model})\n"
+        f"or\nsum by ({by}) ({total} unless on ({GPU}) {model})"
     )
 
 
@@ -197,7 +204,10 @@ def minutes_query(w: str) -> str:
 def first_query(w: str) -> str:
     """The first minute with accounting data within ``w``."""
     step = accounting.INTERVAL_SECONDS
-    present = f"count(last_over_time({accounting.UNALLOCATED}[{step - 1}s]) or last_over_time({accounting.ALLOCATED}[{step - 1}s]))"
+    present = (
+        f"count(last_over_time({accounting.UNALLOCATED}[{step - 1}s])"
+        f" or last_over_time({accounting.ALLOCATED}[{step - 1}s]))"
+    )
     return f"min_over_time(timestamp({present})[{w}:{step}s])"
 
 

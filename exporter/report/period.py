@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from exporter.alerting.thresholds import duration_seconds
 
-UTC = dt.UTC
+UTC = dt.timezone.utc
 
 
 class PeriodError(ValueError):
@@ -103,12 +103,16 @@ def parse(
         try:
             length = duration_seconds(since)
         except ValueError as error:
-            raise PeriodError(f"--since {since!r}: expected a duration like 7d, 24h or 90m") from error
+            raise PeriodError(
+                f"--since {since!r}: expected a duration like 7d, 24h or 90m"
+            ) from error
         if length <= 0:
             raise PeriodError(f"--since {since!r}: expected a duration above zero, like 7d")
         begin = stop - dt.timedelta(seconds=length)
     else:
         begin = moment("--from", start or "", where)
     if begin >= stop:
-        raise PeriodError(f"the period is empty: --from {begin:%Y-%m-%dT%H:%M:%S%z} is not before its end")
+        raise PeriodError(
+            f"the period is empty: --from {begin:%Y-%m-%dT%H:%M:%S%z} is not before its end"
+        )
     return Period(begin.astimezone(UTC), stop.astimezone(UTC), where)

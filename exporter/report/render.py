@@ -66,7 +66,9 @@ def table(report: Report, limit: int | None = None) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     text = [header(report)]
     for row in rows:
-        cells = [row[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
+        cells = [row[0].ljust(widths[0])] + [
+            c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)
+        ]
         text.append("  ".join(cells).rstrip())
     if limit is not None and len(report.lines) > limit:
         text.append(f"and {len(report.lines) - limit} more")
