@@ -72,8 +72,8 @@ def add_parser(subparsers: Any) -> None:
     report.add_argument(
         "-o", "--output", choices=FORMATS, default="table", help="table (default), csv or json"
     )
-    report.add_argument(
-        "--simulate",
-        metavar="SCENARIO",
-        help="report on a simulated week of a scenario (pods), on the scenario's clock",
+    delivery = report.add_argument_group("one message through a relay target instead of stdout")
+    delivery.add_argument(
+        "--relay-config", metavar="FILE", help="the relay's configuration file (docs/relay.md)"
     )
+    delivery.add_argument("--target", metavar="NAME", help="the target of that file to send to")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
+import time
 from collections.abc import Callable
 
 from exporter.report import ledger
@@ -56,6 +57,8 @@ def run(
             raise UsageError(f"--min-coverage {args.min_coverage}: expected a ratio from 0 to 1")
         if not args.prometheus:
             raise UsageError("--prometheus URL is missing: the query API to read")
+        if bool(args.relay_config) != bool(args.target):
+            raise UsageError("--relay-config FILE and --target NAME go together")
         period = period_of(args, now())
         report = ledger.build(Source(args.prometheus), period, args.by, prices(args))
     except (UsageError, PeriodError, SourceError, PriceError) as error:
@@ -74,7 +77,17 @@ def emit(report: Report, args: argparse.Namespace, url: str) -> int:
             file=sys.stderr,
         )
         return 2
-    sys.stdout.write(render(report, args.output))
+    if args.target:
+        from exporter.report.delivery import DeliveryError, send
+
+        try:
+            sent = send(report, args.relay_config, args.target, time.time())
+        except DeliveryError as error:
+            print(f"{WHERE}: {error}", file=sys.stderr)
+            return 2
+        print(f"sent to {sent.target} ({sent.kind}): HTTP {sent.status} {sent.verdict}")
+    else:
+        sys.stdout.write(render(report, args.output))
     if report.coverage < args.min_coverage:
         first = dt.datetime.fromtimestamp(report.first_data, dt.timezone.utc).astimezone(
             report.period.zone
