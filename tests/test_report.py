@@ -22,7 +22,8 @@ from accounting_week import GAP, MONDAY, Truth, backfill_rules, create_blocks, w
 from helpers import answers, free_port, wait_until
 
 from exporter import cli
-from exporter.report import period
+from exporter.report import ledger, period
+from exporter.report.source import Source
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("prometheus") and shutil.which("promtool")),
@@ -243,3 +244,33 @@ def test_weeks_start_on_monday_in_the_time_zone_and_periods_are_half_open() -> N
     assert days.seconds == 86400
     assert days.start == dt.datetime(2026, 11, 29, 23, tzinfo=dt.timezone.utc)
     assert dt.datetime(2026, 11, 30, tzinfo=dt.timezone.utc).timestamp() == MONDAY
+
+
+def test_the_dashboards_tables_give_the_reports_numbers(
+    recorded: tuple[str, Truth], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The "GPU efficiency" dashboard's queries over the same period: the report's numbers."""
+    url, _ = recorded
+    lines = report_json(capsys, url)["lines"]
+    board = json.loads(
+        (Path(__file__).parent.parent / "grafana/dashboards/gpuload-efficiency.json").read_text()
+    )
+    (owners,) = [p for p in board["panels"] if p["title"].startswith("Namespaces and owners")]
+    span = period.parse(now=dt.datetime.now(dt.timezone.utc), start=WEEK[1], end=WEEK[3])
+    w, at = ledger.window(span)
+    source = Source(url)
+    columns = ("idle_gpu_hours", "allocated_gpu_hours", "used_gpu_hours")
+    keys = ("namespace", "owner_kind", "owner_name")
+    expected = {tuple(line[k] for k in keys): line for line in lines if "namespace" in line}
+    for target, column in zip(owners["targets"], columns, strict=True):
+        answer = source.query(target["expr"].replace("$__range", w), at)
+        got = {tuple(labels.get(k, "") for k in keys): value for labels, value in answer}
+        assert set(got) == set(expected), column
+        for key, value in got.items():
+            assert value == pytest.approx(expected[key][column], rel=1e-9, abs=1e-9), (column, key)
+    (pods,) = [p for p in board["panels"] if p["title"].startswith("Pods that held idle")]
+    answer = source.query(pods["targets"][0]["expr"].replace("$__range", w), at)
+    longest = max(answer, key=lambda sample: sample[1])
+    # The notebook held its idle GPU all week but for the gap.
+    assert longest[0]["pod"] == "notebook-ana"
+    assert longest[1] == pytest.approx(168, rel=0.01)

@@ -262,3 +262,34 @@ def _add(entry: Line, labels: Mapping[str, str], samples: float, used: bool) -> 
     else:
         entry.states[state] += hours
         entry.models[labels.get("name", "")] += hours
+
+
+def panel_queries(keys: tuple[str, ...], w: str) -> dict[str, str]:
+    """GPU-hours allocated, used and idle over ``w`` by ``keys``: the report's, in one query each.
+
+    The "GPU efficiency" dashboard reads these with ``w`` its time range; they sum the same
+    samples as :func:`build`, without the split by GPU model that prices need.
+    """
+    by = ", ".join(keys)
+    unmeasured = "|".join(UNMEASURED)
+
+    def hours(series: str, matcher: str = "") -> str:
+        return f"sum by ({by}) (sum_over_time({series}{matcher}[{w}])) * {HOURS_PER_SAMPLE:.12g}"
+
+    allocated = hours(accounting.ALLOCATED)
+    used = hours(accounting.USED, f'{{state!="{accounting.HUNG}"}}')
+    measured = hours(accounting.ALLOCATED, f'{{state!~"{unmeasured}"}}')
+    return {
+        "allocated": allocated,
+        "used": used,
+        "idle": f"clamp_min(\n  {measured}\n  - ({used} or {measured} * 0),\n  0\n)",
+    }
+
+
+def idle_pods_query(w: str) -> str:
+    """Hours each pod held a GPU the rules called idle or underutilized, over ``w``."""
+    return (
+        "sum by (namespace, pod) (\n"
+        f'  count_over_time({accounting.ALLOCATED}{{state=~"idle|underutilized"}}[{w}])\n'
+        f") * {HOURS_PER_SAMPLE:.12g}"
+    )
