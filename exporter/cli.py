@@ -142,6 +142,7 @@ EXAMPLES = """examples:
   gpuload serve --simulate training              the same on simulated GPUs, no GPU needed
   gpuload doctor                                 what holds each GPU back, by the rules
   gpuload doctor --simulate data-starved         the same on a simulated node, at once
+  gpuload report --prometheus URL --last-week    GPU-hours allocated, used and idle by owner
   gpuload relay --config examples/relay-local.yaml
   gpuload sim list                               the simulated scenarios
   gpuload collectors                             every collector, its settings and families
