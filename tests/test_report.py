@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from accounting_week import GAP, MONDAY, Truth, backfill_rules, create_blocks, week
 from helpers import answers, free_port, wait_until
 
@@ -68,14 +69,24 @@ class Store:
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Truth]]:
+def week_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Truth]:
+    """The week's folder: its OpenMetrics, each level of recorded rules, the blocks of all."""
     folder = tmp_path_factory.mktemp("week")
     truth = week(folder / "week.om")
-    data = folder / "data"
-    create_blocks(folder / "week.om", data)
+    create_blocks(folder / "week.om", folder / "data")
     store = Store(folder)
-    backfill_rules(data, folder, store.start, store.stop)
-    url = store.start(data, "report")
+    try:
+        backfill_rules(folder / "data", folder, store.start, store.stop)
+    finally:
+        store.stop()
+    return folder, truth
+
+
+@pytest.fixture(scope="module")
+def recorded(week_files: tuple[Path, Truth]) -> Iterator[tuple[str, Truth]]:
+    folder, truth = week_files
+    store = Store(folder)
+    url = store.start(folder / "data", "report")
     yield url, truth
     store.stop()
 
@@ -274,3 +285,70 @@ def test_the_dashboards_tables_give_the_reports_numbers(
     # The notebook held its idle GPU all week but for the gap.
     assert longest[0]["pod"] == "notebook-ana"
     assert longest[1] == pytest.approx(168, rel=0.01)
+
+
+@pytest.mark.skipif(not shutil.which("victoria-metrics"), reason="needs Debian's victoria-metrics")
+def test_victoriametrics_gives_the_same_report(
+    week_files: tuple[Path, Truth],
+    recorded: tuple[str, Truth],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The same samples imported into VictoriaMetrics: the same report, found data and all."""
+    folder, _ = week_files
+    url, _ = recorded
+    port = free_port()
+    with (folder / "victoria-metrics.log").open("w") as log:
+        store = subprocess.Popen(
+            [
+                "victoria-metrics",
+                f"-storageDataPath={folder / 'vm-data'}",
+                f"-httpListenAddr=127.0.0.1:{port}",
+                "-retentionPeriod=100y",
+                "-search.latencyOffset=0s",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        vm = f"http://127.0.0.1:{port}"
+        wait_until(lambda: answers(vm + "/health"), timeout=30, what="victoria-metrics")
+        for path in [folder / "week.om", *sorted(folder.glob("level-*.om"))]:
+            import_openmetrics(vm, path)
+        requests.get(vm + "/internal/force_flush", timeout=30)
+        expected = report_json(capsys, url)
+        got = report_json(capsys, vm)
+        assert got["coverage"] == pytest.approx(expected["coverage"], rel=1e-6)
+        assert len(got["lines"]) == len(expected["lines"])
+        for mine, theirs in zip(got["lines"], expected["lines"], strict=True):
+            assert mine.keys() == theirs.keys()
+            for key in ("allocated_gpu_hours", "used_gpu_hours", "idle_gpu_hours"):
+                assert mine[key] == pytest.approx(theirs[key], rel=1e-6), (mine, key)
+        code, _, err = run(capsys, "--prometheus", vm, "--from", "2026-11-23", "--to", "2026-12-07")
+        assert code == 1 and "the data begins at 2026-11-29 23:40" in err
+    finally:
+        store.terminate()
+        store.wait(timeout=30)
+
+
+def import_openmetrics(url: str, path: Path) -> None:
+    """Send OpenMetrics samples to VictoriaMetrics' Prometheus text import (milliseconds).
+
+    https://docs.victoriametrics.com/victoriametrics/single-server-victoriametrics/#how-to-import-data-in-prometheus-exposition-format
+    """
+    batch: list[str] = []
+    with path.open(encoding="utf-8") as lines:
+        for line in lines:
+            if line.startswith("#") or not line.strip():
+                continue
+            head, _, seconds = line.rstrip("\n").rpartition(" ")
+            batch.append(f"{head} {int(seconds) * 1000}")
+            if len(batch) >= 200_000:
+                _post(url, batch)
+                batch = []
+    if batch:
+        _post(url, batch)
+
+
+def _post(url: str, batch: list[str]) -> None:
+    response = requests.post(url + "/api/v1/import/prometheus", data="\n".join(batch).encode())
+    response.raise_for_status()
