@@ -376,7 +376,7 @@ def _kube_state_metrics(
 
 
 def rule_levels() -> list[list[Recording]]:
-    """The rules the accounting group reads, transitively, by level: each reads only earlier ones.
+    """The rules the report reads, transitively, by level: each level reads only earlier ones.
 
     A reference with equality matchers on a rule's own labels (``{bottleneck="hung"}``) needs
     only the rules of that name whose labels match.
@@ -424,13 +424,13 @@ def rule_levels() -> list[list[Recording]]:
 
 
 def _accounting_names() -> set[str]:
-    group = next(
-        g
-        for groups in rule_groups(thresholds.load()).values()
-        for g in groups
-        if g.name == accounting.GROUP
-    )
-    return {rule.record for rule in group.recordings()}
+    """The series the report reads; the sums by namespace, owner and team are the dashboard's."""
+    return {
+        accounting.ALLOCATED,
+        accounting.USED,
+        accounting.UNALLOCATED,
+        accounting.UNALLOCATED_USED,
+    }
 
 
 def create_blocks(openmetrics: Path, data: Path) -> None:
