@@ -8,31 +8,26 @@ same share of the week as of the scenario, a 20-minute scrape gap and an exporte
 counter back to 0). :class:`Truth` sums the same minutes: GPU-hours held and used per namespace
 and owner, and by no pod, counting only minutes that have a scrape.
 
-:func:`backfill_rules` then records the rules over the week the way Prometheus would have:
-`promtool tsdb create-blocks-from rules` evaluates one level of rules at a time (the rules a
-level reads are recorded by the levels before it) against a real Prometheus on the blocks, whose
-output blocks join the data before the next level.
+:func:`backfill_rules` then records the rules the report reads over the week the way Prometheus
+would have (:mod:`tools.backfill`): one level of rules at a time (the rules a level reads are
+recorded by the levels before it) against a real Prometheus on the blocks, whose output joins the
+data as blocks before the next level.
 """
 
 from __future__ import annotations
 
 import math
-import re
-import shutil
-import subprocess
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import requests
 import yaml
 
 from exporter.alerting import accounting, thresholds
-from exporter.alerting.definition import Recording
-from exporter.alerting.rules import rule_groups
 from exporter.sim.scenario import SCENARIO_DIR
+from tools import backfill
 
 MONDAY = 1_795_996_800  # 2026-11-30T00:00:00Z
 WEEK = 7 * 86400
@@ -375,54 +370,6 @@ def _kube_state_metrics(
     yield "kube_pod_labels", "gauge", labels
 
 
-def rule_levels() -> list[list[Recording]]:
-    """The rules the report reads, transitively, by level: each level reads only earlier ones.
-
-    A reference with equality matchers on a rule's own labels (``{bottleneck="hung"}``) needs
-    only the rules of that name whose labels match.
-    """
-    recordings = [
-        rule
-        for groups in rule_groups(thresholds.load()).values()
-        for group in groups
-        for rule in group.recordings()
-    ]
-    by_name: dict[str, list[Recording]] = defaultdict(list)
-    for rule in recordings:
-        by_name[rule.record].append(rule)
-    reference = re.compile(r"([a-z_]+:[a-z0-9_]+:[a-z0-9_]+)(\{[^}]*\})?")
-    level: dict[int, int] = {}
-
-    def needs(rule: Recording) -> list[Recording]:
-        found = []
-        for name, matchers in reference.findall(rule.expr):
-            wanted = dict(re.findall(r'(\w+)="([^"]*)"', matchers))
-            for other in by_name.get(name, []):
-                if other is rule or other.record == rule.record:
-                    continue
-                if all(other.labels.get(k, v) == v for k, v in wanted.items()):
-                    found.append(other)
-        return found
-
-    def depth(rule: Recording) -> int:
-        if id(rule) not in level:
-            level[id(rule)] = 1 + max((depth(other) for other in needs(rule)), default=0)
-        return level[id(rule)]
-
-    wanted: dict[int, Recording] = {}
-    todo = [rule for rule in recordings if rule.record in _accounting_names()]
-    while todo:
-        rule = todo.pop()
-        if id(rule) not in wanted:
-            wanted[id(rule)] = rule
-            todo.extend(needs(rule))
-    levels: list[list[Recording]] = [[] for _ in range(max(map(depth, wanted.values())))]
-    for rule in recordings:
-        if id(rule) in wanted:
-            levels[depth(rule) - 1].append(rule)
-    return levels
-
-
 def _accounting_names() -> set[str]:
     """The series the report reads; the sums by namespace, owner and team are the dashboard's."""
     return {
@@ -433,64 +380,20 @@ def _accounting_names() -> set[str]:
     }
 
 
-def create_blocks(openmetrics: Path, data: Path) -> None:
-    """Load OpenMetrics text into a Prometheus data folder as blocks."""
-    promtool = shutil.which("promtool")
-    assert promtool is not None
-    subprocess.run(
-        [
-            promtool,
-            "tsdb",
-            "create-blocks-from",
-            "openmetrics",
-            "--max-block-duration=192h",
-            str(openmetrics),
-            str(data),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-
-
 def backfill_rules(
     data: Path, folder: Path, start_prometheus: Callable[[Path, str], str], stop: Callable[[], None]
 ) -> None:
-    """Record the accounting rules over the week, level by level, into ``data``.
+    """Record the rules the report reads over the week and its margins, into ``data``."""
+    backfill.record(
+        backfill.rule_levels(_accounting_names()),
+        data,
+        folder,
+        start_prometheus,
+        stop,
+        (MONDAY - MARGIN + 600, MONDAY + WEEK + MARGIN - 600, STEP),
+    )
 
-    ``start_prometheus(data, name)`` starts a Prometheus on ``data`` and returns its URL;
-    ``stop()`` stops it. Each rule of a level is one range query over the week and its margins,
-    a step every :data:`~exporter.alerting.accounting.INTERVAL` (what `promtool tsdb
-    create-blocks-from rules` does, in one query instead of one per two hours), written as
-    OpenMetrics and loaded as blocks before the next level. Backfilled series have no staleness
-    markers: Prometheus must run with a lookback just under a scrape interval (59s), so that a
-    series that ended (a scrape gap, a state left) is gone a minute later, as a staleness marker
-    would end it.
-    """
-    begin, end = MONDAY - MARGIN + 600, MONDAY + WEEK + MARGIN - 600
-    for number, rules in enumerate(rule_levels()):
-        url = start_prometheus(data, f"level-{number}")
-        output = folder / f"level-{number}.om"
-        try:
-            families: dict[str, list[str]] = defaultdict(list)
-            for rule in rules:
-                answer = requests.post(
-                    url + "/api/v1/query_range",
-                    data={"query": rule.expr, "start": begin, "end": end, "step": STEP},
-                    timeout=300,
-                ).json()
-                assert answer["status"] == "success", (rule.record, answer)
-                for series in answer["data"]["result"]:
-                    labels = {k: v for k, v in series["metric"].items() if k != "__name__"}
-                    text = _labels({**labels, **rule.labels})
-                    families[rule.record].extend(
-                        f"{rule.record}{text} {value} {t}" for t, value in series["values"]
-                    )
-        finally:
-            stop()
-        with output.open("w", encoding="utf-8") as out:
-            for name, lines in families.items():
-                out.write(f"# TYPE {name} gauge\n")
-                out.write("\n".join(lines) + "\n")
-            out.write("# EOF\n")
-        create_blocks(output, data)
+
+def create_blocks(openmetrics: Path, data: Path) -> None:
+    """Load OpenMetrics text into a Prometheus data folder as blocks."""
+    backfill.create_blocks(openmetrics, data)
