@@ -2,5 +2,6 @@
 
 It reads the accounting rules' series (:mod:`exporter.alerting.accounting`) from a
 Prometheus-compatible query API over a period (:mod:`~exporter.report.period`), sums them
-(:mod:`~exporter.report.ledger`) and prints them (:mod:`~exporter.report.render`).
+(:mod:`~exporter.report.ledger`) and prints them (:mod:`~exporter.report.render`) or sends them
+as one message through a relay target (:mod:`~exporter.report.delivery`).
 """
