@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 from exporter import __version__, config
 from exporter.collectors import REGISTRY
 from exporter.relay import arguments as relay_arguments
+from exporter.report import arguments as report_arguments
 from exporter.settings import parse_duration, with_flag_names
 
 # The simulator's settings, which `serve`, `sim exec` and `doctor` all take.
@@ -141,6 +142,7 @@ EXAMPLES = """examples:
   gpuload serve --simulate training              the same on simulated GPUs, no GPU needed
   gpuload doctor                                 what holds each GPU back, by the rules
   gpuload doctor --simulate data-starved         the same on a simulated node, at once
+  gpuload report --prometheus URL --last-week    GPU-hours allocated, used and idle by owner
   gpuload relay --config examples/relay-local.yaml
   gpuload sim list                               the simulated scenarios
   gpuload collectors                             every collector, its settings and families
@@ -173,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     _sim_parser(subparsers)
     relay_arguments.add_parser(subparsers)
     _doctor_parser(subparsers)
+    report_arguments.add_parser(subparsers)
     subparsers.add_parser("collectors", help="list the collectors and their metric families")
     return parser
 
@@ -376,6 +379,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return relay_cli.run(args)
     if args.command == "doctor":
         return _doctor(args)
+    if args.command == "report":
+        from exporter.report import command as report_command
+
+        return report_command.run(args)
     return _collectors()
 
 

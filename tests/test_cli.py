@@ -72,8 +72,8 @@ def test_an_unknown_command_names_the_commands_and_the_closest() -> None:
     result = gpuload("servce")
     assert result.returncode == 2
     assert result.stderr == (
-        "gpuload: 'servce' is not a command (commands: serve, sim, relay, doctor, collectors);"
-        " did you mean serve?\n"
+        "gpuload: 'servce' is not a command (commands: serve, sim, relay, doctor, report,"
+        " collectors); did you mean serve?\n"
     )
 
 

@@ -33,6 +33,8 @@ MODERN_PANELS = {
 }  # fmt: skip
 DEPRECATED_PANELS = {"graph", "singlestat", "table-old", "grafana-piechart-panel"}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+# The dashboard of `gpuload report`'s numbers: sums over the cluster, no node scope.
+CLUSTER_WIDE = "gpuload-efficiency"
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -57,6 +59,7 @@ def test_committed_dashboards_are_what_the_definitions_render() -> None:
     assert sorted(rendered) == [path.name for path in FILES]
     assert sorted(rendered) == [
         "gpuload-bottlenecks.json",
+        "gpuload-efficiency.json",
         "gpuload-fleet.json",
         "gpuload-node.json",
     ]
@@ -84,6 +87,10 @@ def test_dashboard_is_modern_grafana_json(path: Path) -> None:
     assert "gpuload" in board["tags"]
     names = [variable["name"] for variable in board["templating"]["list"]]
     assert names[0] == "datasource"
+    if board["uid"] == CLUSTER_WIDE:
+        # The report's numbers, for the whole cluster: no node or pod scope.
+        assert names == ["datasource"]
+        return
     assert names[1] == "node"
     # The fleet reads no per-GPU series as scraped, gpu_pod_info included: no pod scope.
     assert {"namespace", "pod"} <= set(names) or board["uid"] == "gpuload-fleet"
@@ -108,6 +115,8 @@ def test_dashboard_is_modern_grafana_json(path: Path) -> None:
 def test_every_query_finds_a_node_by_its_node_label_or_else_its_instance(path: Path) -> None:
     """A node keeps its `node` key across exporter rollouts; a bare install has its instance."""
     board = load(path)
+    if board["uid"] == CLUSTER_WIDE:
+        return
     variables = {variable["name"]: variable for variable in board["templating"]["list"]}
     if board["uid"] == "gpuload-node":
         assert not variables["node"]["multi"] and not variables["node"]["includeAll"]
@@ -231,7 +240,12 @@ def test_dashboards_only_use_metric_names_that_exist() -> None:
         for line in path.read_text(encoding="utf-8").splitlines()
         if line and not line.startswith("#")
     }
-    recorded = set(rules.recording_names(thresholds.load()).values())
+    recorded = {
+        rule.record
+        for groups in rules.rule_groups(thresholds.load()).values()
+        for group in groups
+        for rule in group.recordings()
+    }
     # ALERTS is Prometheus's; gpu_pod_info comes with the Kubernetes pod labels (optional); the
     # PCIe byte counters are in the golden scrapes but dropped as non-deterministic.
     known = exposed | recorded | {"ALERTS", "gpu_pod_info"}

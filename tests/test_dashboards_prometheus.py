@@ -77,6 +77,8 @@ UTILIZATION = ALL - {"a100-mig"}  # whole-GPU utilization: absent in MIG mode
 IN_USE_UTILIZATION = frozenset({"h100-nvlink", "legacy-v100", "data-starved"})  # h100-mig's
 # whole GPU is busy without a process or memory: not in use
 FLEET, NODE, BOTTLENECKS = "gpuload-fleet", "gpuload-node", "gpuload-bottlenecks"
+EFFICIENCY = "gpuload-efficiency"
+NO_PODS: frozenset[str] = frozenset()  # the accounting of pods: these nodes have none
 EXPECTED_TABLE: list[tuple[str, str, str, frozenset[str] | None]] = [
     (FLEET, "Utilization across nodes", "A", UTILIZATION),
     (FLEET, "Firing GPU alerts", "A", frozenset({"legacy-v100"})),  # GPUXidError
@@ -110,6 +112,11 @@ EXPECTED_TABLE: list[tuple[str, str, str, frozenset[str] | None]] = [
     (BOTTLENECKS, f"Input: time fully idle ({WINDOW})", "A", IN_USE_UTILIZATION),
     (BOTTLENECKS, f"Memory bandwidth vs. busiest compute pipe ({WINDOW}, GPM)", "AB", GPM),
     (BOTTLENECKS, f"Behind the node's busiest GPU ({WINDOW})", "A", IN_USE_UTILIZATION),
+    (EFFICIENCY, "Namespaces and owners by idle GPU-hours", "ABC", NO_PODS),
+    (EFFICIENCY, "Allocated against used", "AB", NO_PODS),
+    # The GPUs no pod holds, recorded once a minute: there once the group first ran.
+    (EFFICIENCY, "Allocated against used", "C", None),
+    (EFFICIENCY, "Pods that held idle GPUs longest", "A", NO_PODS),
 ]
 EXPECTED = {
     (uid, title, ref): scenarios for uid, title, refs, scenarios in EXPECTED_TABLE for ref in refs

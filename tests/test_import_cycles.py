@@ -129,7 +129,7 @@ LAYERS = (
     ("config",),
     # The commands: the exporter's daemon, the doctor, the command line.
     ("server",),
-    ("doctor",),
+    ("doctor", "report"),
     ("cli", "__main__"),
 )
 

@@ -24,6 +24,10 @@ PACKAGE = ROOT / "exporter"
 # threshold's value without being one.
 NOT_THRESHOLDS = {
     (
+        "exporter/report/arguments.py",
+        "MIN_COVERAGE = 0.95",
+    ): "the share of a report's period with data below which it is partial",
+    (
         "exporter/cli.py",
         "close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)",
     ): "how close a mistyped flag must be to be suggested",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from exporter.alerting.accounting import accounting_group
 from exporter.alerting.alerts import alert_groups
 from exporter.alerting.definition import Alert, Group, Recording, Rule
 from exporter.alerting.expressions import (
@@ -60,6 +61,7 @@ def rule_groups(thresholds: Thresholds) -> dict[str, tuple[Group, ...]]:
             recording_group(thresholds),
             fleet_group(thresholds),
             owners_group(thresholds),
+            accounting_group(thresholds),
         ),
         ALERTS_FILE: alert_groups(thresholds),
     }

@@ -15,7 +15,7 @@ from typing import Any
 
 from exporter.alerting.thresholds import DEFAULT_PATH, Thresholds, load
 from tools import ROOT
-from tools.dashboards import bottlenecks, fleet, node
+from tools.dashboards import bottlenecks, efficiency, fleet, node
 from tools.render_rules import write_rendered
 
 DASHBOARDS_DIR = ROOT / "grafana" / "dashboards"
@@ -25,6 +25,7 @@ DASHBOARDS: dict[str, Callable[[Thresholds], dict[str, Any]]] = {
     "gpuload-fleet.json": fleet.build,
     "gpuload-node.json": node.build,
     "gpuload-bottlenecks.json": bottlenecks.build,
+    "gpuload-efficiency.json": efficiency.build,
 }
 
 
