@@ -145,8 +145,32 @@ def bridged(series: str, gap: str) -> str:
     being measured, during a gap. The last reading carries the condition across, for at most
     ``gap``; a real reading that breaks the condition (a job that ended reads 0 processes)
     breaks it at once.
+
+    A GPU that the exporter no longer lists, in a scrape that succeeded, is not bridged: it is
+    gone, not unread (:func:`vanished`). Only a missing exporter (a failed scrape, a restart) is.
     """
-    return f"last_over_time({series}[{gap}])"
+    last = f"last_over_time({series}[{gap}])"
+    return f"({last} unless on ({VANISHED_KEYS}) (\n{indented(vanished(gap))}\n))"
+
+
+# The labels a GPU's series and its vanished reading share: the UUID names a GPU across
+# renumbering, and every series of a listed GPU carries it.
+VANISHED_KEYS = "instance, job, uuid"
+
+
+def vanished(gap: str) -> str:
+    """GPUs read within ``gap`` that the exporter's last scrape, which succeeded, no longer lists.
+
+    A failed scrape leaves every series of the exporter stale, its collection time included; a
+    scrape that succeeded carries the collection time, and staleness markers for each series it
+    no longer has: so a GPU gone from a scrape that answered is its own ``gpu_up`` stale while
+    its exporter's collection time is fresh.
+    """
+    return (
+        f"last_over_time(gpu_up[{gap}])\n"
+        f"unless on ({VANISHED_KEYS}) gpu_up\n"
+        f"and on (instance, job) {COLLECTED_AT}"
+    )
 
 
 def starved_condition(thresholds: Thresholds, utilization: str, idle: str) -> str:

@@ -4,9 +4,17 @@ One definition each (:class:`~exporter.alerting.definition.Alert`), in :data:`HE
 order of the ``gpuload.health`` group. The slowdown threshold falls back to a fixed temperature
 where a GPU reports none; a pending page retirement stands in for a pending row remap on
 pre-Ampere GPUs.
+
+One fault pages once (:data:`FOLDS`): the alerts and XIDs that report the same fault of the
+same GPU are folded, in the rule expressions themselves, into the one alert that says it best.
+Folding at the source holds for the local evaluator and for any Alertmanager alike, from the
+first evaluation: an inhibit rule would mute a folded alert only once its source fires, after
+the source's `for:`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from exporter.alerting.definition import Alert, AlertDefinition
 from exporter.alerting.expressions import (
@@ -15,6 +23,7 @@ from exporter.alerting.expressions import (
     GPU,
     PERCENT,
     WHERE,
+    indented,
     literal,
     recording_names,
     xid_increase,
@@ -143,19 +152,129 @@ def nvlink_down(thresholds: Thresholds) -> Alert:
     )
 
 
+
+# The ECC counters: uncorrectable errors since the driver was loaded, and over its lifetime.
+_UNCORRECTED = 'gpu_ecc_errors_total{type="uncorrected",counter="volatile"}'
+_UNCORRECTED_EVER = 'gpu_ecc_errors_total{type="uncorrected",counter="aggregate"}'
+# The keys that name one GPU whether or not a series carries its UUID: a lost GPU's gpu_up has
+# none after an exporter restart.
+_SAME_GPU = "instance, job, gpu"
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One fault of a GPU, told by ``alert``; the XIDs that report the same fault fold into it.
+
+    ``seen`` is the fault's own reading in the XID alert's window (a PromQL condition over
+    ``window``): while it shows, those XIDs raise no alert of their own. ``outranks`` are the
+    alerts about the same fault that ``alert`` takes over while its condition holds, so the
+    fault's worst form is the one alert that fires.
+    """
+
+    alert: str
+    xids: tuple[int, ...]
+    reason: str
+    outranks: tuple[str, ...] = ()
+
+    def seen(self, window: str) -> str:
+        """The fault's reading at any time in the last ``window``."""
+        return _SEEN[self.alert](window)
+
+
+def _lost_within(window: str) -> str:
+    return f"min_over_time(gpu_up[{window}]) == 0"
+
+
+def _memory_fault_within(window: str) -> str:
+    return (
+        f"max_over_time({_UNCORRECTED}[{window}]) > 0\n"
+        f"or increase({_UNCORRECTED_EVER}[{window}]) > 0\n"
+        f"or max_over_time(gpu_row_remap_pending[{window}]) == 1\n"
+        f"or max_over_time(gpu_retired_pages_pending[{window}]) == 1\n"
+        f"or max_over_time(gpu_row_remap_failed[{window}]) == 1"
+    )
+
+
+_SEEN = {
+    "GPUFellOffBus": _lost_within,
+    "GPUECCUncorrectable": _memory_fault_within,
+}
+
+# The folds, one per fault. docs/runbooks.md#one-page-per-fault explains each.
+FOLDS: tuple[Fold, ...] = (
+    Fold(
+        "GPUFellOffBus",
+        (79,),
+        "XID 79 is the driver's word for a GPU that fell off the bus; gpu_up 0 says the same",
+    ),
+    Fold(
+        "GPUECCUncorrectable",
+        # Double-bit ECC, row remap event and failure, contained and uncontained ECC errors.
+        (48, 63, 64, 94, 95),
+        "these XIDs report uncorrectable memory errors and their repair, which the ECC"
+        " counters and the row remap gauges read directly",
+        # Worst first: a failed repair needs service, an uncorrectable error a look, a pending
+        # repair only a reset (which GPUECCUncorrectable's runbook says).
+        outranks=("GPURowRemapFailed", "GPUECCUncorrectable", "GPURowRemapPending"),
+    ),
+)
+
+
+def folded_xids(codes: tuple[int, ...], window: str) -> str:
+    """XIDs of ``codes`` in the last ``window``, but not those a fold gives to another alert.
+
+    A folded XID still fires where its GPU shows no reading of the fault (a GPU without ECC
+    counters, an XID 79 whose GPU came back before a scrape saw it lost).
+    """
+    folded = {code: fold for fold in FOLDS for code in fold.xids}
+    own = [code for code in codes if code not in folded]
+    branches = []
+    if own:
+        branches.append(xid_increase(_xid_matcher(own), window))
+    for fold in FOLDS:
+        mine = [code for code in codes if folded.get(code) is fold]
+        if mine:
+            xids = indented(xid_increase(_xid_matcher(mine), window))
+            inner = f"(\n{xids}\n)\nunless on ({_SAME_GPU}) (\n{indented(fold.seen(window))}\n)"
+            branches.append(f"(\n{indented(inner)}\n)")
+    return "\nor\n".join(branches)
+
+
+def _fold_xids(alert: str) -> str:
+    """The XIDs folded into ``alert``, as text: "48, 63, 64"."""
+    return ", ".join(str(code) for fold in FOLDS if fold.alert == alert for code in fold.xids)
+
+
+def _xid_matcher(codes: list[int]) -> str:
+    return f'xid="{codes[0]}"' if len(codes) == 1 else f'xid=~"{"|".join(map(str, codes))}"'
+
+
+def _outranked(name: str, conditions: dict[str, str]) -> str:
+    """``unless`` each alert about the same fault that outranks ``name``, where one does."""
+    for fold in FOLDS:
+        if name in fold.outranks:
+            worse = fold.outranks[: fold.outranks.index(name)]
+            return "".join(
+                f"\nunless on ({_SAME_GPU}) (\n{indented(conditions[other])}\n)"
+                for other in worse
+            )
+    return ""
+
+
 def xid_error(thresholds: Thresholds) -> Alert:
-    """A GPU that reported one of the critical XID codes."""
+    """A GPU that reported one of the critical XID codes, unless a fold reports its fault."""
     xid = thresholds.alert("GPUXidError")
-    xids = "|".join(str(code) for code in xid.xids())
     window = xid.duration("window")
     return Alert.of(
         thresholds,
         xid,
-        xid_increase(f'xid=~"{xids}"', window),
+        folded_xids(xid.xids(), window),
         summary="A GPU reported a critical XID error",
         description=f"{WHERE} reported XID {{{{ $labels.xid }}}}"
         f' ({{{{ $value | printf "%.0f" }}}} in the last {window}):'
-        " see the runbook for what this code needs (reset, drain or service).",
+        " see the runbook for what this code needs (reset, drain or service). An XID is an"
+        f" event, not a state: the alert stays for {window} after the last one, so that it is"
+        " seen, however soon the GPU is well again.",
         value=f"{COUNT} of XID {{{{ $labels.xid }}}}",
     )
 
@@ -192,34 +311,53 @@ def fell_off_bus(thresholds: Thresholds) -> Alert:
     )
 
 
+def _memory_conditions(thresholds: Thresholds) -> dict[str, str]:
+    """The conditions of the alerts about a GPU's memory errors, by alert."""
+    window = thresholds.alert("GPUECCUncorrectable").duration("window")
+    return {
+        "GPURowRemapFailed": "gpu_row_remap_failed == 1",
+        "GPUECCUncorrectable": f"{_UNCORRECTED} > 0\n"
+        "or\n"
+        # Where the volatile counter is missing, new errors in the aggregate one.
+        f"increase({_UNCORRECTED_EVER}[{window}]) > 0\n"
+        f"  unless on ({GPU}) {_UNCORRECTED}",
+        # Pre-Ampere GPUs retire pages instead of remapping rows: same action.
+        "GPURowRemapPending": "gpu_row_remap_pending == 1\nor\ngpu_retired_pages_pending == 1",
+    }
+
+
+def _memory_alert(thresholds: Thresholds, name: str) -> str:
+    """The alert's condition, unless a worse alert about the same memory fault fires instead."""
+    conditions = _memory_conditions(thresholds)
+    outranked = _outranked(name, conditions)
+    if not outranked:
+        return conditions[name]
+    return f"(\n{indented(conditions[name])}\n){outranked}"
+
+
 def ecc_uncorrectable(thresholds: Thresholds) -> Alert:
-    """A GPU that counted uncorrectable memory errors."""
+    """A GPU that counted uncorrectable memory errors, and whose repair did not fail."""
     ecc = thresholds.alert("GPUECCUncorrectable")
     window = ecc.duration("window")
-    uncorrected = 'gpu_ecc_errors_total{type="uncorrected",counter="volatile"}'
     return Alert.of(
         thresholds,
         ecc,
-        f"{uncorrected} > 0\n"
-        "or\n"
-        # Where the volatile counter is missing, new errors in the aggregate one.
-        'increase(gpu_ecc_errors_total{type="uncorrected",counter="aggregate"}'
-        f"[{window}]) > 0\n"
-        f"  unless on ({GPU}) {uncorrected}",
+        _memory_alert(thresholds, "GPUECCUncorrectable"),
         summary="A GPU had uncorrectable memory errors",
         description=f'{WHERE} counted {{{{ $value | printf "%.0f" }}}} uncorrectable ECC errors'
-        f" since its driver was loaded (or in the last {window}).",
+        f" since its driver was loaded (or in the last {window}); the XIDs that report them"
+        f" ({_fold_xids('GPUECCUncorrectable')}) and a pending row remap are part of this"
+        " alert. A pending remap takes effect at the next GPU reset.",
         value=f"{COUNT} errors",
     )
 
 
 def row_remap_pending(thresholds: Thresholds) -> Alert:
-    """A GPU with a memory repair that waits for a reset."""
+    """A GPU with a memory repair that waits for a reset, and no uncorrectable error counted."""
     return Alert.of(
         thresholds,
         thresholds.alert("GPURowRemapPending"),
-        # Pre-Ampere GPUs retire pages instead of remapping rows: same action.
-        "gpu_row_remap_pending == 1\nor\ngpu_retired_pages_pending == 1",
+        _memory_alert(thresholds, "GPURowRemapPending"),
         summary="A GPU needs a reset to repair its memory",
         description=f"{WHERE} has a memory row remapping (or page retirement) pending: it takes"
         " effect at the next GPU reset.",
@@ -228,13 +366,15 @@ def row_remap_pending(thresholds: Thresholds) -> Alert:
 
 
 def row_remap_failed(thresholds: Thresholds) -> Alert:
-    """A GPU that could not repair its memory."""
+    """A GPU that could not repair its memory: its uncorrectable errors are part of it."""
     return Alert.of(
         thresholds,
         thresholds.alert("GPURowRemapFailed"),
-        "gpu_row_remap_failed == 1",
+        _memory_alert(thresholds, "GPURowRemapFailed"),
         summary="A GPU failed to repair its memory",
-        description=f"{WHERE} failed to remap a memory row: it needs service.",
+        description=f"{WHERE} failed to remap a memory row after uncorrectable errors: it needs"
+        " service. Its uncorrectable ECC errors and the XIDs that report them are part of this"
+        " alert.",
         value="remap failed",
     )
 
