@@ -268,7 +268,10 @@ def test_webhook_template_renders_the_body() -> None:
         content_type="application/json",
     )
     request = webhook.request([one()], NOW)
-    assert json.loads(request.body) == {"text": "[FIRING:1] GPUTemperatureHigh (critical)", "n": 1}
+    assert json.loads(request.body) == {
+        "text": "[FIRING:1] GPUTemperatureHigh (critical) · GPU 3 on node-7:19400",
+        "n": 1,
+    }
 
 
 @pytest.mark.parametrize(

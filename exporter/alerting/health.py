@@ -152,7 +152,6 @@ def nvlink_down(thresholds: Thresholds) -> Alert:
     )
 
 
-
 # The ECC counters: uncorrectable errors since the driver was loaded, and over its lifetime.
 _UNCORRECTED = 'gpu_ecc_errors_total{type="uncorrected",counter="volatile"}'
 _UNCORRECTED_EVER = 'gpu_ecc_errors_total{type="uncorrected",counter="aggregate"}'
@@ -255,8 +254,7 @@ def _outranked(name: str, conditions: dict[str, str]) -> str:
         if name in fold.outranks:
             worse = fold.outranks[: fold.outranks.index(name)]
             return "".join(
-                f"\nunless on ({_SAME_GPU}) (\n{indented(conditions[other])}\n)"
-                for other in worse
+                f"\nunless on ({_SAME_GPU}) (\n{indented(conditions[other])}\n)" for other in worse
             )
     return ""
 
