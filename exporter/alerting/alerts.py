@@ -96,6 +96,7 @@ def utilization_low(thresholds: Thresholds) -> Alert:
         f" {PERCENT} over the last one: it waits on something other than its own compute.",
         value=PERCENT,
         partly_local=HELD_BRANCH,
+        reading=names["avg_short"],
     )
 
 

@@ -33,11 +33,13 @@ from exporter.alerting.thresholds import AlertThresholds, Thresholds
 
 def _clocks_held(thresholds: Thresholds, settings: AlertThresholds, reasons: str) -> str:
     """The clock event ``reasons`` (a label matcher) active more than the alert's share."""
+    return f"{_clock_share(thresholds, reasons)}\n> {literal(settings.number('active_above'))}"
+
+
+def _clock_share(thresholds: Thresholds, reasons: str) -> str:
+    """The share of the window the clock event ``reasons`` were active."""
     events = recording_names(thresholds)["clock_events"]
-    return (
-        f"max without (reason) ({events}{{{reasons}}})"
-        f"\n> {literal(settings.number('active_above'))}"
-    )
+    return f"max without (reason) ({events}{{{reasons}}})"
 
 
 def thermal_throttling(thresholds: Thresholds) -> Alert:
@@ -51,6 +53,7 @@ def thermal_throttling(thresholds: Thresholds) -> Alert:
         description=f"{WHERE} had its clocks cut by thermal slowdown"
         f" {{{{ $value | humanizePercentage }}}} of the last {thresholds.window}.",
         value=PERCENT + " of the time",
+        reading=_clock_share(thresholds, 'reason=~"sw_thermal|hw_thermal"'),
     )
 
 
@@ -65,6 +68,7 @@ def power_capped(thresholds: Thresholds) -> Alert:
         description=f"{WHERE} had its clocks held down by its power limit or an external power"
         f" brake {{{{ $value | humanizePercentage }}}} of the last {thresholds.window}.",
         value=PERCENT + " of the time",
+        reading=_clock_share(thresholds, 'reason=~"sw_power_cap|hw_power_brake"'),
     )
 
 
@@ -80,6 +84,7 @@ def hardware_slowdown(thresholds: Thresholds) -> Alert:
         " power brake or the power supply) {{ $value | humanizePercentage }} of the last"
         f" {thresholds.window}.",
         value=PERCENT + " of the time",
+        reading=_clock_share(thresholds, 'reason="hw_slowdown"'),
     )
 
 
@@ -100,6 +105,7 @@ def temperature_high(thresholds: Thresholds) -> Alert:
         description=f"{WHERE} is at {{{{ $value | humanize }}}} °C, less than {margin} °C below"
         f" its slowdown threshold (or above {fallback} °C where it reports none).",
         value=CELSIUS,
+        reading='gpu_temperature_celsius{sensor="gpu"}',
     )
 
 
@@ -115,6 +121,7 @@ def memory_temperature_high(thresholds: Thresholds) -> Alert:
         description=f"{WHERE} has its memory (HBM) at {{{{ $value | humanize }}}} °C, above"
         f" {above} °C: near its maximum operating temperature, where it is throttled.",
         value=CELSIUS,
+        reading='gpu_temperature_celsius{sensor="memory"}',
     )
 
 
@@ -274,6 +281,7 @@ def xid_error(thresholds: Thresholds) -> Alert:
         f" event, not a state: the alert stays for {window} after the last one, so that it is"
         " seen, however soon the GPU is well again.",
         value=f"{COUNT} of XID {{{{ $labels.xid }}}}",
+        reading=f"increase(gpu_xid_errors_total[{window}])",
     )
 
 
@@ -305,7 +313,9 @@ def fell_off_bus(thresholds: Thresholds) -> Alert:
         description="GPU {{ $labels.gpu }} on {{ $labels.instance }}"
         "{{ with $labels.node }} (node {{ . }}){{ end }}"
         " no longer answers NVML (GPU is lost): it has fallen off the bus.",
-        value="lost (gpu_up 0)",
+        # The value is gpu_up: 0 while it fires, 1 once the GPU answers again.
+        value="{{ if $value }}answering (gpu_up 1){{ else }}lost (gpu_up 0){{ end }}",
+        reading="max without (uuid) (gpu_up)",
     )
 
 
@@ -347,6 +357,7 @@ def ecc_uncorrectable(thresholds: Thresholds) -> Alert:
         f" ({_fold_xids('GPUECCUncorrectable')}) and a pending row remap are part of this"
         " alert. A pending remap takes effect at the next GPU reset.",
         value=f"{COUNT} errors",
+        reading=_UNCORRECTED,
     )
 
 

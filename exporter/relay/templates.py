@@ -21,11 +21,9 @@ from urllib.parse import quote, urlencode, urlsplit
 import jinja2
 from jinja2.sandbox import SandboxedEnvironment
 
-from exporter.relay.payload import Alert, Notification
+from exporter.relay.payload import RESOLVED_VALUE, Alert, Notification
 
 TRUNCATED = "… (truncated)"
-# The annotation in which gpuload's own alerting gives a resolved alert's value at resolution.
-RESOLVED_VALUE = "resolved_value"
 SUMMARY_LIMIT = 300
 DESCRIPTION_LIMIT = 1500
 
