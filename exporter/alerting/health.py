@@ -48,7 +48,7 @@ def thermal_throttling(thresholds: Thresholds) -> Alert:
     return Alert.of(
         thresholds,
         thermal,
-        _clocks_held(thresholds, thermal, 'reason=~"sw_thermal|hw_thermal"'),
+        _folded(thresholds, "GPUThermalThrottling"),
         summary="A GPU is slowed down by heat",
         description=f"{WHERE} had its clocks cut by thermal slowdown"
         f" {{{{ $value | humanizePercentage }}}} of the last {thresholds.window}.",
@@ -96,11 +96,7 @@ def temperature_high(thresholds: Thresholds) -> Alert:
     return Alert.of(
         thresholds,
         temperature,
-        'gpu_temperature_celsius{sensor="gpu"}\n'
-        f"  > ignoring (sensor) (gpu_temperature_slowdown_threshold_celsius - {margin})\n"
-        "or\n"
-        f'max without (sensor) (gpu_temperature_celsius{{sensor="gpu"}} > {fallback})\n'
-        f"  unless on ({GPU}) gpu_temperature_slowdown_threshold_celsius",
+        _folded(thresholds, "GPUTemperatureHigh"),
         summary="A GPU is close to its slowdown temperature",
         description=f"{WHERE} is at {{{{ $value | humanize }}}} °C, less than {margin} °C below"
         f" its slowdown threshold (or above {fallback} °C where it reports none).",
@@ -116,7 +112,7 @@ def memory_temperature_high(thresholds: Thresholds) -> Alert:
     return Alert.of(
         thresholds,
         memory_temperature,
-        f'gpu_temperature_celsius{{sensor="memory"}} > {above}',
+        _folded(thresholds, "GPUMemoryTemperatureHigh"),
         summary="A GPU's memory is close to its temperature limit",
         description=f"{WHERE} has its memory (HBM) at {{{{ $value | humanize }}}} °C, above"
         f" {above} °C: near its maximum operating temperature, where it is throttled.",
@@ -178,8 +174,8 @@ class Fold:
     """
 
     alert: str
-    xids: tuple[int, ...]
     reason: str
+    xids: tuple[int, ...] = ()
     outranks: tuple[str, ...] = ()
 
     def seen(self, window: str) -> str:
@@ -210,18 +206,24 @@ _SEEN = {
 FOLDS: tuple[Fold, ...] = (
     Fold(
         "GPUFellOffBus",
-        (79,),
         "XID 79 is the driver's word for a GPU that fell off the bus; gpu_up 0 says the same",
+        xids=(79,),
     ),
     Fold(
         "GPUECCUncorrectable",
-        # Double-bit ECC, row remap event and failure, contained and uncontained ECC errors.
-        (48, 63, 64, 94, 95),
         "these XIDs report uncorrectable memory errors and their repair, which the ECC"
         " counters and the row remap gauges read directly",
+        # Double-bit ECC, row remap event and failure, contained and uncontained ECC errors.
+        xids=(48, 63, 64, 94, 95),
         # Worst first: a failed repair needs service, an uncorrectable error a look, a pending
         # repair only a reset (which GPUECCUncorrectable's runbook says).
         outranks=("GPURowRemapFailed", "GPUECCUncorrectable", "GPURowRemapPending"),
+    ),
+    Fold(
+        "GPUTemperatureHigh",
+        "a GPU near its slowdown temperature, its clocks cut by that heat and its memory hot"
+        " too, is one cooling fault; the temperature is its first sign and its cause",
+        outranks=("GPUTemperatureHigh", "GPUThermalThrottling", "GPUMemoryTemperatureHigh"),
     ),
 )
 
@@ -334,13 +336,54 @@ def _memory_conditions(thresholds: Thresholds) -> dict[str, str]:
     }
 
 
-def _memory_alert(thresholds: Thresholds, name: str) -> str:
-    """The alert's condition, unless a worse alert about the same memory fault fires instead."""
-    conditions = _memory_conditions(thresholds)
-    outranked = _outranked(name, conditions)
+def _hot(thresholds: Thresholds, temperature: str) -> str:
+    """GPUTemperatureHigh's condition on ``temperature`` (a selector of the GPU sensor's)."""
+    settings = thresholds.alert("GPUTemperatureHigh")
+    margin = literal(settings.number("margin_celsius"))
+    fallback = literal(settings.number("fallback_celsius"))
+    return (
+        f"{temperature}\n"
+        f"  > ignoring (sensor) (gpu_temperature_slowdown_threshold_celsius - {margin})\n"
+        "or\n"
+        f"max without (sensor) ({temperature} > {fallback})\n"
+        f"  unless on ({GPU}) gpu_temperature_slowdown_threshold_celsius"
+    )
+
+
+def _heat_conditions(thresholds: Thresholds) -> dict[str, str]:
+    """The conditions of the alerts about a hot GPU, by alert."""
+    thermal = thresholds.alert("GPUThermalThrottling")
+    above = literal(thresholds.alert("GPUMemoryTemperatureHigh").number("above_celsius"))
+    return {
+        "GPUThermalThrottling": _clocks_held(
+            thresholds, thermal, 'reason=~"sw_thermal|hw_thermal"'
+        ),
+        "GPUTemperatureHigh": _hot(thresholds, 'gpu_temperature_celsius{sensor="gpu"}'),
+        "GPUMemoryTemperatureHigh": f'gpu_temperature_celsius{{sensor="memory"}} > {above}',
+    }
+
+
+def _outranking(thresholds: Thresholds) -> dict[str, str]:
+    """Each alert's condition as it folds the alerts it outranks.
+
+    GPUThermalThrottling judges the share of the window the clocks were cut: the heat that cut
+    them may have passed already, so a GPU hot at any time in that window is GPUTemperatureHigh's.
+    """
+    hottest = f'max_over_time(gpu_temperature_celsius{{sensor="gpu"}}[{thresholds.window}])'
+    return {
+        **_memory_conditions(thresholds),
+        **_heat_conditions(thresholds),
+        "GPUTemperatureHigh": _hot(thresholds, hottest),
+    }
+
+
+def _folded(thresholds: Thresholds, name: str) -> str:
+    """The alert's condition, unless a worse alert about the same fault holds instead."""
+    own = {**_memory_conditions(thresholds), **_heat_conditions(thresholds)}[name]
+    outranked = _outranked(name, _outranking(thresholds))
     if not outranked:
-        return conditions[name]
-    return f"(\n{indented(conditions[name])}\n){outranked}"
+        return own
+    return f"(\n{indented(own)}\n){outranked}"
 
 
 def ecc_uncorrectable(thresholds: Thresholds) -> Alert:
@@ -350,7 +393,7 @@ def ecc_uncorrectable(thresholds: Thresholds) -> Alert:
     return Alert.of(
         thresholds,
         ecc,
-        _memory_alert(thresholds, "GPUECCUncorrectable"),
+        _folded(thresholds, "GPUECCUncorrectable"),
         summary="A GPU had uncorrectable memory errors",
         description=f'{WHERE} counted {{{{ $value | printf "%.0f" }}}} uncorrectable ECC errors'
         f" since its driver was loaded (or in the last {window}); the XIDs that report them"
@@ -366,7 +409,7 @@ def row_remap_pending(thresholds: Thresholds) -> Alert:
     return Alert.of(
         thresholds,
         thresholds.alert("GPURowRemapPending"),
-        _memory_alert(thresholds, "GPURowRemapPending"),
+        _folded(thresholds, "GPURowRemapPending"),
         summary="A GPU needs a reset to repair its memory",
         description=f"{WHERE} has a memory row remapping (or page retirement) pending: it takes"
         " effect at the next GPU reset.",
@@ -379,7 +422,7 @@ def row_remap_failed(thresholds: Thresholds) -> Alert:
     return Alert.of(
         thresholds,
         thresholds.alert("GPURowRemapFailed"),
-        _memory_alert(thresholds, "GPURowRemapFailed"),
+        _folded(thresholds, "GPURowRemapFailed"),
         summary="A GPU failed to repair its memory",
         description=f"{WHERE} failed to remap a memory row after uncorrectable errors: it needs"
         " service. Its uncorrectable ECC errors and the XIDs that report them are part of this"
