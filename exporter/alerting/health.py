@@ -268,6 +268,14 @@ def _outranked(name: str, conditions: dict[str, str]) -> str:
     return ""
 
 
+def _event_stays(window: str) -> str:
+    """Why an alert over an XID counter outlives the fault: how long it stays."""
+    return (
+        f"An XID is an event, not a state: the alert stays for {window} after the last one, so"
+        " that it is seen, however soon the GPU is well again."
+    )
+
+
 def xid_error(thresholds: Thresholds) -> Alert:
     """A GPU that reported one of the critical XID codes, unless a fold reports its fault."""
     xid = thresholds.alert("GPUXidError")
@@ -279,9 +287,8 @@ def xid_error(thresholds: Thresholds) -> Alert:
         summary="A GPU reported a critical XID error",
         description=f"{WHERE} reported XID {{{{ $labels.xid }}}}"
         f' ({{{{ $value | printf "%.0f" }}}} in the last {window}):'
-        " see the runbook for what this code needs (reset, drain or service). An XID is an"
-        f" event, not a state: the alert stays for {window} after the last one, so that it is"
-        " seen, however soon the GPU is well again.",
+        " see the runbook for what this code needs (reset, drain or service). "
+        + _event_stays(window),
         value=f"{COUNT} of XID {{{{ $labels.xid }}}}",
         reading=f"increase(gpu_xid_errors_total[{window}])",
     )
@@ -298,7 +305,7 @@ def recovery_action_required(thresholds: Thresholds) -> Alert:
         summary="A GPU needs a recovery action",
         description=f'{WHERE} reported XID 154 ({{{{ $value | printf "%.0f" }}}} in the last'
         f" {window}): the driver asks for a recovery action (a GPU reset, a node reboot or a"
-        " drain); the kernel log names which.",
+        " drain); the kernel log names which. " + _event_stays(window),
         value=f"{COUNT} of XID 154",
     )
 
