@@ -138,9 +138,9 @@ PAGES = {
 }
 # Alerts a scenario's fault never sends: the same fault, folded into another alert.
 FOLDED = {
-    # Every GPU heats up past its slowdown margin, its clocks cut and its memory hot with it:
-    # GPUTemperatureHigh tells it.
-    "thermal-throttle": {"GPUThermalThrottling", "GPUMemoryTemperatureHigh"},
+    # Every GPU heats up past its slowdown margin, its memory hot with it: the GPU's own
+    # temperature and throttling alerts tell it.
+    "thermal-throttle": {"GPUMemoryTemperatureHigh"},
     "fell-off-bus": {"GPUXidError"},
     "ecc-remap": {"GPUXidError", "GPURowRemapPending"},
 }

@@ -219,11 +219,18 @@ FOLDS: tuple[Fold, ...] = (
         # repair only a reset (which GPUECCUncorrectable's runbook says).
         outranks=("GPURowRemapFailed", "GPUECCUncorrectable", "GPURowRemapPending"),
     ),
+    # A GPU hot enough to be near its slowdown temperature, or to have its clocks cut, heats its
+    # memory too: one cooling fault, which the GPU's own alert tells. The two GPU alerts stay
+    # apart: one is the heat, the other what it costs, and they come minutes apart.
     Fold(
         "GPUTemperatureHigh",
-        "a GPU near its slowdown temperature, its clocks cut by that heat and its memory hot"
-        " too, is one cooling fault; the temperature is its first sign and its cause",
-        outranks=("GPUTemperatureHigh", "GPUThermalThrottling", "GPUMemoryTemperatureHigh"),
+        "its memory's heat is the same cooling fault",
+        outranks=("GPUTemperatureHigh", "GPUMemoryTemperatureHigh"),
+    ),
+    Fold(
+        "GPUThermalThrottling",
+        "its memory's heat is the same cooling fault",
+        outranks=("GPUThermalThrottling", "GPUMemoryTemperatureHigh"),
     ),
 )
 
@@ -259,13 +266,15 @@ def _xid_matcher(codes: list[int]) -> str:
 
 def _outranked(name: str, conditions: dict[str, str]) -> str:
     """``unless`` each alert about the same fault that outranks ``name``, where one does."""
-    for fold in FOLDS:
-        if name in fold.outranks:
-            worse = fold.outranks[: fold.outranks.index(name)]
-            return "".join(
-                f"\nunless on ({_SAME_GPU}) (\n{indented(conditions[other])}\n)" for other in worse
-            )
-    return ""
+    worse = [
+        other
+        for fold in FOLDS
+        if name in fold.outranks
+        for other in fold.outranks[: fold.outranks.index(name)]
+    ]
+    return "".join(
+        f"\nunless on ({_SAME_GPU}) (\n{indented(conditions[other])}\n)" for other in worse
+    )
 
 
 def _event_stays(window: str) -> str:
@@ -370,24 +379,11 @@ def _heat_conditions(thresholds: Thresholds) -> dict[str, str]:
     }
 
 
-def _outranking(thresholds: Thresholds) -> dict[str, str]:
-    """Each alert's condition as it folds the alerts it outranks.
-
-    GPUThermalThrottling judges the share of the window the clocks were cut: the heat that cut
-    them may have passed already, so a GPU hot at any time in that window is GPUTemperatureHigh's.
-    """
-    hottest = f'max_over_time(gpu_temperature_celsius{{sensor="gpu"}}[{thresholds.window}])'
-    return {
-        **_memory_conditions(thresholds),
-        **_heat_conditions(thresholds),
-        "GPUTemperatureHigh": _hot(thresholds, hottest),
-    }
-
-
 def _folded(thresholds: Thresholds, name: str) -> str:
     """The alert's condition, unless a worse alert about the same fault holds instead."""
-    own = {**_memory_conditions(thresholds), **_heat_conditions(thresholds)}[name]
-    outranked = _outranked(name, _outranking(thresholds))
+    conditions = {**_memory_conditions(thresholds), **_heat_conditions(thresholds)}
+    own = conditions[name]
+    outranked = _outranked(name, conditions)
     if not outranked:
         return own
     return f"(\n{indented(own)}\n){outranked}"
