@@ -239,29 +239,26 @@ def folded_xids(codes: tuple[int, ...], window: str) -> str:
     """XIDs of ``codes`` in the last ``window``, but not those a fold gives to another alert.
 
     A folded XID still fires where its GPU shows no reading of the fault (a GPU without ECC
-    counters, an XID 79 whose GPU came back before a scrape saw it lost).
+    counters, an XID 79 whose GPU came back before a scrape saw it lost). Each branch selects
+    from all of ``codes`` and narrows by the fold's own, whichever codes the thresholds list:
+    the rule reads the same for any list (the Helm chart templates the list).
     """
-    folded = {code: fold for fold in FOLDS for code in fold.xids}
-    own = [code for code in codes if code not in folded]
-    branches = []
-    if own:
-        branches.append(xid_increase(_xid_matcher(own), window))
+    listed = f'xid=~"{"|".join(map(str, codes))}"'
+    every = "|".join(str(code) for fold in FOLDS for code in fold.xids)
+    branches = [xid_increase(f'{listed},xid!~"{every}"', window)]
     for fold in FOLDS:
-        mine = [code for code in codes if folded.get(code) is fold]
-        if mine:
-            xids = indented(xid_increase(_xid_matcher(mine), window))
-            inner = f"(\n{xids}\n)\nunless on ({_SAME_GPU}) (\n{indented(fold.seen(window))}\n)"
-            branches.append(f"(\n{indented(inner)}\n)")
+        if not fold.xids:
+            continue
+        mine = "|".join(map(str, fold.xids))
+        xids = indented(xid_increase(f'{listed},xid=~"{mine}"', window))
+        inner = f"(\n{xids}\n)\nunless on ({_SAME_GPU}) (\n{indented(fold.seen(window))}\n)"
+        branches.append(f"(\n{indented(inner)}\n)")
     return "\nor\n".join(branches)
 
 
 def _fold_xids(alert: str) -> str:
     """The XIDs folded into ``alert``, as text: "48, 63, 64"."""
     return ", ".join(str(code) for fold in FOLDS if fold.alert == alert for code in fold.xids)
-
-
-def _xid_matcher(codes: list[int]) -> str:
-    return f'xid="{codes[0]}"' if len(codes) == 1 else f'xid=~"{"|".join(map(str, codes))}"'
 
 
 def _outranked(name: str, conditions: dict[str, str]) -> str:
