@@ -493,11 +493,13 @@ def test_each_node_raises_its_alerts_inhibitions_hold_and_healthy_training_stays
     for scenario, paged in PAGED.items():
         folded = f'ALERTS{{scenario="{scenario}",alertname=~"GPUXidError|GPURowRemapPending"}}'
         assert query(prometheus, f"{folded}[5m]") == []
-        got = [
+        # As a set: Alertmanager may notify a group again (a scrape that failed under load
+        # resolves an alert for a second); what matters is which alerts page.
+        got = {
             (alert["labels"]["alertname"], alert["labels"]["gpu"])
             for alert in receiver.alerts()
             if alert["labels"].get("scenario") == scenario
-        ]
+        }
         assert sorted(got) == paged
 
     # The exporter of `fell-off-bus` restarts: its series go stale for a few scrapes, and the
