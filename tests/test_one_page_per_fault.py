@@ -196,12 +196,20 @@ def test_a_vanished_gpu_stops_being_judged_and_a_missing_exporter_does_not(
     tmp_path: Path, interval: int
 ) -> None:
     gone = Exporter("gone", constant(0.25), vanishes=VANISHES)
+    busy = Exporter("busy", constant(0.99), vanishes=VANISHES)
     down = Exporter("down", constant(0.25), down=[(VANISHES, VANISHES + 120)])
-    for exporter in (gone, down):
+    for exporter in (gone, busy, down):
         exporter.gauges = {exporter.gpu("gpu_up"): constant(1.0)}
     gone_low = alert_labels("GPUUtilizationLow", gone)
     last = last_fired("GPUUtilizationLow", gone, interval)
+    last_high = last_fired("GPUUtilizationHigh", busy, interval)
     expects = [
+        fires_between("GPUUtilizationHigh", busy, 0, VANISHES - interval, interval),
+        Expect(
+            "GPUUtilizationHigh on busy last fires before the GPU vanished",
+            f"{last_high} < bool {VANISHES}",
+            (alert_labels("GPUUtilizationHigh", busy),),
+        ),
         fires_between("GPUUtilizationLow", gone, 0, VANISHES - interval, interval),
         # The first scrape without the GPU is at VANISHES: the evaluation there no longer fires.
         Expect(
@@ -218,7 +226,7 @@ def test_a_vanished_gpu_stops_being_judged_and_a_missing_exporter_does_not(
             interval,
         ),
     ]
-    run_promtool(tmp_path, [gone, down], expects, interval)
+    run_promtool(tmp_path, [gone, busy, down], expects, interval)
 
 
 def _busy(t: float, gpus: tuple[str, ...]) -> list[Sample]:
