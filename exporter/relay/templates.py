@@ -214,18 +214,18 @@ def worst(alerts: Sequence[Alert]) -> Alert | None:
 
 
 def digest_title(notifications: Sequence[Notification]) -> str:
-    """The headline of a digest: its worst alert and where, then how many notifications and GPUs.
+    """The headline of a digest: its worst alert and where, then how many GPUs and notifications.
 
-    ``Alert digest: GPUFellOffBus (critical) · GPU 3 on node-7 · 8 notifications (6 firing,
-    2 resolved) on 4 GPUs``: the preview names what to look at first.
+    ``Alert digest: GPUFellOffBus (critical) · GPU 3 on node-7 · 4 GPUs · 8 notifications
+    (6 firing, 2 resolved)``: the preview names what to look at first, and how wide it is
+    before the counts a short title (DingTalk's 100 characters) may cut.
     """
     alerts = [alert for n in notifications for alert in n.alerts]
     firing = sum(1 for n in notifications if n.status == "firing")
     resolved = len(notifications) - firing
     count = f"{len(notifications)} notifications ({firing} firing, {resolved} resolved)"
     gpus = len(_gpus(alerts))
-    if gpus:
-        count += f" on {gpus} GPU{'s' if gpus > 1 else ''}"
+    width = f"{gpus} GPU{'s' if gpus > 1 else ''}" if gpus else ""
     first = worst(alerts)
     if first is None:
         return f"Alert digest: {count}"
@@ -234,7 +234,7 @@ def digest_title(notifications: Sequence[Notification]) -> str:
     if first.status != "firing":
         name += " resolved"
     where = where_brief([first])
-    return " · ".join(part for part in (f"Alert digest: {name}", where, count) if part)
+    return " · ".join(part for part in (f"Alert digest: {name}", where, width, count) if part)
 
 
 # How services count a message's size: characters (code points), UTF-16 code units (Slack,
