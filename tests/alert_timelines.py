@@ -64,7 +64,8 @@ class Exporter:
     (``gpu_up{gpu="1",uuid="GPU-n-1"}``; the target labels are added), ``counters`` counters of
     seconds by the fraction of each second they count. ``down``: intervals
     (start, end) in which every scrape fails. ``restarts``: times the process started again (its
-    counters count from there).
+    counters count from there). ``vanishes``: when GPU 0 leaves the exporter's scrapes (the
+    driver no longer lists it), which go on answering.
     """
 
     name: str
@@ -76,6 +77,7 @@ class Exporter:
     counters: dict[str, Callable[[float], float]] = field(default_factory=dict)
     down: Sequence[tuple[float, float]] = ()
     restarts: Sequence[float] = ()
+    vanishes: float | None = None
 
     @property
     def instance(self) -> str:
@@ -89,6 +91,11 @@ class Exporter:
 
     def scraped(self, t: float) -> bool:
         return not any(start <= t < end for start, end in self.down)
+
+    def listed(self, series: str, t: float) -> bool:
+        """Whether a scrape at ``t`` has ``series``: all but GPU 0's once it vanished."""
+        gone = self.vanishes is not None and t >= self.vanishes
+        return not (gone and f'uuid="GPU-{self.name}"' in series)
 
     def started(self, t: float) -> float:
         return max([0.0, *(r for r in self.restarts if r <= t)])
@@ -155,9 +162,9 @@ def series_of(exporter: Exporter, interval: int, seed: int, end: int) -> list[di
         start = exporter.started(t)
         counted = max(start, t - noise.uniform(0.0, 1.0))
         for name, rate in counters.items():
-            add(name, integral(rate, start, counted))
+            add(name, integral(rate, start, counted) if exporter.listed(name, t) else None)
         for name, gauge in gauges.items():
-            add(name, gauge(t))
+            add(name, gauge(t) if exporter.listed(name, t) else None)
         add(collected, counted)
     result = [
         {"series": _with_target(name, exporter), "values": " ".join(points)}

@@ -469,7 +469,8 @@ def test_prometheus_rule_takes_the_thresholds_from_values(loaded: helm.Chart) ->
     assert rule["spec"]["groups"] == rendered_groups(merged)
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
     low = alerts["GPUUtilizationLow"]
-    assert "rate2m[3m]) < 0.25" in low["expr"] and low["for"] == "15m"
+    assert "rate2m[3m]) unless on" in low["expr"] and ")) < 0.25" in low["expr"]
+    assert low["for"] == "15m"
     assert low["labels"]["severity"] == "info" and "below 25%" in low["annotations"]["description"]
     assert "for" not in alerts["GPUFellOffBus"]
     assert alerts["GPUFellOffBus"]["keep_firing_for"] == "30m"

@@ -185,8 +185,9 @@ def test_rules_are_evaluated_once_per_evaluation_interval_on_every_cycle_s_histo
     loaded = replace(loaded, alerts={**loaded.alerts, "GPUFellOffBus": fell_off})
     evaluator = Evaluator(loaded, instance="n1:19400", interval=15)
     states = {}
+    processes = Sample("gpu_processes", (("gpu", "3"), ("uuid", "GPU-3")), 1.0)
     for t in range(0, 80, 5):
-        changed = evaluator.observe(_gpu_up(0 if t < 70 else 1), t)
+        changed = evaluator.observe([*_gpu_up(0 if t < 70 else 1), processes], t)
         states[t] = ([a.state for a in changed], [a.state for a in evaluator.alerts()])
     assert states[0] == ([], ["pending"])
     # 60 s held, but the next evaluation is at 60 only if one was at 45: 0, 15, 30, 45, 60.
@@ -195,9 +196,9 @@ def test_rules_are_evaluated_once_per_evaluation_interval_on_every_cycle_s_histo
     # Up again at 70: still firing until the evaluation at 75 sees it.
     assert states[70] == ([], ["firing"])
     assert states[75] == (["resolved"], [])
-    # Every cycle's samples are in the history (over gpu_up's horizon, the last minute), not
-    # only the evaluated ones.
-    (points,) = evaluator.history.points("gpu_up", 20, 80).values()
+    # Every cycle's samples are in the history (gpu_processes' horizon of minutes keeps every
+    # 5 s cycle), not only the evaluated ones.
+    (points,) = evaluator.history.points("gpu_processes", 20, 80).values()
     assert [t for t, _ in points] == list(range(20, 80, 5))
 
 
@@ -474,8 +475,12 @@ def _handed(local: LocalAlerting, t0: float) -> list[tuple[float, list[tuple[str
     return handed
 
 
-def _xid(*gpus: str, code: str = "79") -> list[Sample]:
-    """One XID ``code`` on each GPU, counted since the exporter started."""
+def _xid(*gpus: str, code: str = "62") -> list[Sample]:
+    """One XID ``code`` on each GPU, counted since the exporter started.
+
+    XID 62 is no fold's (health.FOLDS): it raises GPUXidError on a lost GPU too, so that the
+    inhibition below has an alert to mute.
+    """
     return [
         Sample("gpu_xid_errors_total", (("gpu", gpu), ("uuid", f"GPU-{gpu}"), ("xid", code)), 1)
         for gpu in gpus
@@ -489,17 +494,30 @@ def _short_xid_window(loaded: thresholds.Thresholds) -> thresholds.Thresholds:
     return replace(loaded, alerts={**loaded.alerts, "GPUXidError": xid})
 
 
-def test_a_lost_gpu_pages_once_its_xid_79_inhibited_while_another_gpu_s_xid_pages(
+def _xid_inhibited(loaded: thresholds.Thresholds) -> thresholds.Thresholds:
+    """With an inhibit rule of the kind a user adds: GPUFellOffBus mutes GPUXidError."""
+    document = yaml.safe_load(thresholds.DEFAULT_PATH.read_text(encoding="utf-8"))
+    document["inhibit_rules"] = [
+        {
+            "source_matchers": ['alertname="GPUFellOffBus"'],
+            "target_matchers": ['alertname="GPUXidError"'],
+            "equal": ["instance", "gpu"],
+        }
+    ]
+    return replace(loaded, inhibit_rules=thresholds.parse(document).inhibit_rules)
+
+
+def test_a_lost_gpu_pages_once_its_xid_inhibited_while_another_gpu_s_xid_pages(
     tmp_path: Path, receiver: Receiver
 ) -> None:
-    """The documented inhibit rule: GPUFellOffBus mutes GPUXidError on the same GPU only."""
+    """An inhibit rule: GPUFellOffBus mutes GPUXidError on the same GPU only."""
     settings = _delivering(tmp_path, receiver, repeat_interval="10m")
     t0 = time.time() - 1500
-    local = _local(settings, thresholds.load(), t0)
+    local = _local(settings, _xid_inhibited(thresholds.load()), t0)
     handed = _handed(local, t0)
     try:
         # GPU 3 is lost from 0 s (GPUFellOffBus fires at 60 s); at 90 s it and GPU 5 report
-        # XID 79. Past a repeat interval, so that a muted repeat would show.
+        # XID 62. Past a repeat interval, so that a muted repeat would show.
         for t in range(0, 700, 30):
             local.observe_samples([*_lost("3"), *(_xid("3", "5") if t >= 90 else [])], t0 + t)
         firing = {(a.name, a.labels["gpu"]) for a in local.alerts() if a.state == "firing"}
@@ -523,7 +541,7 @@ def test_an_inhibited_alert_sends_no_resolve_and_pages_once_its_source_resolves(
     tmp_path: Path, receiver: Receiver
 ) -> None:
     """GPU 3 comes back while its XID alert fires: that XID pages; GPU 4's never does."""
-    loaded = _short_xid_window(_without_keep_firing(thresholds.load()))
+    loaded = _xid_inhibited(_short_xid_window(_without_keep_firing(thresholds.load())))
     t0 = time.time() - 1500
     local = _local(_delivering(tmp_path, receiver), loaded, t0)
     handed = _handed(local, t0)
@@ -547,7 +565,7 @@ def test_an_xid_paged_before_its_gpu_fell_off_is_not_taken_back_and_still_resolv
     tmp_path: Path, receiver: Receiver
 ) -> None:
     """As Alertmanager, only a firing source inhibits: GPUFellOffBus waits its `for:` (1m)."""
-    loaded = _short_xid_window(thresholds.load())
+    loaded = _xid_inhibited(_short_xid_window(thresholds.load()))
     t0 = time.time() - 1500
     local = _local(_delivering(tmp_path, receiver), loaded, t0)
     handed = _handed(local, t0)
@@ -568,7 +586,7 @@ def test_an_inhibited_alert_is_taken_back_as_never_notified_after_a_restart(
     tmp_path: Path, receiver: Receiver
 ) -> None:
     """Kept with no notification time, it pages once its source resolves after the restart."""
-    loaded = _without_keep_firing(thresholds.load())
+    loaded = _xid_inhibited(_without_keep_firing(thresholds.load()))
     settings = _delivering(tmp_path, receiver)
     t0 = time.time() - 1500
     local = _local(settings, loaded, t0)

@@ -137,7 +137,7 @@ def test_alertmanager_notifications_reach_slack_and_a_webhook(tmp_path: Path) ->
         assert firing["receiver"] == "relay"
         assert firing["alerts"][0]["labels"]["gpu"] == "3"
         message = slack.requests[0].json()
-        assert message["text"] == "[FIRING:1] GPUTemperatureHigh (critical)"
+        assert message["text"] == "[FIRING:1] GPUTemperatureHigh (critical) · GPU 3 on node-7:19400"
         shown = str(message["blocks"])
         assert "GPU 3 (GPU-0c1d) on node-7:19400" in shown
         assert "var-instance=node-7%3A19400" in shown
@@ -152,6 +152,13 @@ def test_alertmanager_notifications_reach_slack_and_a_webhook(tmp_path: Path) ->
             lambda: any("RESOLVED" in r.json()["text"] for r in slack.requests),
             what="the resolved Slack message",
         )
+        # A resolved alert carries its last firing annotations: the value is what it was.
+        (resolved,) = [r.json() for r in slack.requests if "RESOLVED" in r.json()["text"]]
+        assert (
+            resolved["text"] == "[RESOLVED] GPUTemperatureHigh (critical) · GPU 3 on node-7:19400"
+        )
+        assert "value was 91 °C" in str(resolved["blocks"])
+        assert "value 91 °C" not in str(resolved["blocks"])
         # Alertmanager's flushes repeat nothing new: one message per state per target.
         statuses = [r.json()["status"] for r in webhook.requests]
         assert statuses == ["firing", "resolved"]

@@ -283,7 +283,7 @@ def test_rate_limit_spaces_messages_to_one_target(
     # Each message at the first look at least 300 ms after the one before.
     assert sent_at == [0.0, 0.35, 0.7]
     assert [request.json()["text"] for request in slack.requests] == [
-        "[FIRING:1] GPUTemperatureHigh (critical)"
+        "[FIRING:1] GPUTemperatureHigh (critical) · GPU 3 on node-7:19400"
     ] * 3
 
 
@@ -371,7 +371,7 @@ def test_hung_target_does_not_delay_another(tmp_path: Path, fakes: list[FakeTarg
             # answer before the gate opens, below, nor its sender time out (120 s).
             assert len(hung.requests) == 1
             assert [r.json()["text"] for r in healthy.requests] == [
-                "[FIRING:1] GPUTemperatureHigh (critical)"
+                "[FIRING:1] GPUTemperatureHigh (critical) · GPU 3 on node-7:19400"
             ] * 3
             assert value_of(metrics(relay), "gpuload_relay_queue_depth", target="hung") == 3
     finally:

@@ -268,7 +268,10 @@ def test_webhook_template_renders_the_body() -> None:
         content_type="application/json",
     )
     request = webhook.request([one()], NOW)
-    assert json.loads(request.body) == {"text": "[FIRING:1] GPUTemperatureHigh (critical)", "n": 1}
+    assert json.loads(request.body) == {
+        "text": "[FIRING:1] GPUTemperatureHigh (critical) · GPU 3 on node-7:19400",
+        "n": 1,
+    }
 
 
 @pytest.mark.parametrize(
@@ -298,3 +301,54 @@ def test_answers_are_read_as_each_service_reports_errors(
     assert (outcome.delivered, outcome.retry) == (delivered, retried)
     if kind == "discord":
         assert outcome.retry_after == 1.5
+
+
+# Where each target's preview is: the text a notification (a phone's banner, Slack's sidebar)
+# shows before the message is opened. The webhook passes the payload on, a preview of nothing.
+PREVIEWS = {
+    "slack": lambda body: body["text"],
+    "teams": lambda body: body["attachments"][0]["content"]["body"][0]["text"],
+    "discord": lambda body: body["content"],
+    "dingtalk": lambda body: body["markdown"]["title"],
+    "feishu": lambda body: body["card"]["header"]["title"]["content"],
+    "wecom": lambda body: body["markdown"]["content"].split("\n", 1)[0],
+    "pagerduty": lambda body: body["payload"]["summary"],
+}
+
+
+def _preview_target(kind: str) -> targets.Target:
+    if kind == "pagerduty":
+        return build(kind, routing_key=Secret("r" * 32))
+    if kind in ("dingtalk", "feishu"):
+        return build(kind, secret=Secret("signing-secret"))
+    return build(kind)
+
+
+@pytest.mark.parametrize("kind", sorted(PREVIEWS))
+def test_every_preview_names_the_node_the_gpu_and_the_alert(kind: str) -> None:
+    target = _preview_target(kind)
+    preview = PREVIEWS[kind](body_of(target, [one()])).replace("\u200b", "")
+    assert "GPUTemperatureHigh" in preview
+    assert "GPU 3" in preview and "node-7:19400" in preview
+    if kind == "pagerduty":
+        return  # PagerDuty never digests: each notification is its own event
+    # A digest's preview names its worst alert, where, and how many GPUs it holds.
+    notifications = [
+        parsed(notification(alert("GPUUtilizationLow", severity="warning", gpu="0"), group="a")),
+        parsed(notification(alert("GPUFellOffBus", gpu="5"), group="b")),
+        parsed(notification(alert("GPUUtilizationLow", severity="warning", gpu="1"), group="c")),
+    ]
+    digest = PREVIEWS[kind](body_of(target, notifications)).replace("\u200b", "")
+    assert "GPUFellOffBus (critical)" in digest and "GPU 5 on node-7:19400" in digest
+    assert "· 3 GPUs ·" in digest
+
+
+def test_a_resolved_alert_s_value_says_what_it_was_or_what_it_is_at_resolution() -> None:
+    resolved = alert(status="resolved")
+    slack = build("slack")
+    text = str(body_of(slack, [parsed(notification(resolved))])["blocks"])
+    assert "value was 91 °C" in text and "value 91 °C" not in text
+    # gpuload's own alerting reads the value again when the alert resolves.
+    resolved["annotations"][payload.RESOLVED_VALUE] = "84 °C"
+    text = str(body_of(slack, [parsed(notification(resolved))])["blocks"])
+    assert "value 84 °C at resolution, was 91 °C" in text

@@ -34,6 +34,7 @@ from exporter.alerting.expressions import (
     points,
     recording_names,
     starved_condition,
+    unless_vanished,
 )
 from exporter.alerting.health import HEALTH
 from exporter.alerting.recording import gpu_count
@@ -96,6 +97,7 @@ def utilization_low(thresholds: Thresholds) -> Alert:
         f" {PERCENT} over the last one: it waits on something other than its own compute.",
         value=PERCENT,
         partly_local=HELD_BRANCH,
+        reading=names["avg_short"],
     )
 
 
@@ -163,7 +165,8 @@ def memory_bandwidth_bound(thresholds: Thresholds) -> Alert:
         thresholds,
         bound,
         f"{names['dram_active']} > {literal(bound.number('dram_active_above'))}\n"
-        f"and on ({GPU}) {names['pipes']} < {literal(bound.number('compute_pipes_below'))}",
+        f"and on ({GPU}) {names['pipes']} < {literal(bound.number('compute_pipes_below'))}\n"
+        f"{unless_vanished(thresholds.window)}",
         summary="A GPU is limited by memory bandwidth",
         description=f"{WHERE} kept its memory interface active"
         f" {{{{ $value | humanizePercentage }}}} of the time over the last {thresholds.window}"

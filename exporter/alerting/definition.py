@@ -41,6 +41,9 @@ class Alert:
 
     ``not_local`` says why the exporter cannot evaluate the alert on its own samples, and
     ``partly_local`` which part of it the exporter evaluates; both empty: it evaluates it all.
+    ``reading`` is the quantity ``value`` formats, without the condition: what the local
+    evaluator reads when the alert resolves, so that its resolve says the value then (a rule
+    file has no place for it: Alertmanager resolves with the last firing value).
     """
 
     name: str
@@ -55,6 +58,7 @@ class Alert:
     keep_firing_for: str = "0s"
     not_local: str = ""
     partly_local: str = ""
+    reading: str = ""
 
     @classmethod
     def of(
@@ -69,6 +73,7 @@ class Alert:
         windowed: bool = False,
         not_local: str = "",
         partly_local: str = "",
+        reading: str = "",
     ) -> Alert:
         """The alert that ``settings`` configure; ``windowed``: ``expr`` judges its `for:` itself.
 
@@ -87,6 +92,7 @@ class Alert:
             keep_firing_for=settings.keep_firing_for,
             not_local=not_local,
             partly_local=partly_local,
+            reading=reading,
         )
 
     @property

@@ -25,6 +25,7 @@ from exporter.alerting import engine, promql, rules, templates
 from exporter.alerting.engine import Vector
 from exporter.alerting.history import SORTED_LABELS_KEPT, History, Labels, Sample
 from exporter.alerting.thresholds import Thresholds, duration_seconds
+from exporter.relay.payload import RESOLVED_VALUE
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,8 @@ class LocalRule:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     keep_firing_seconds: float = 0.0
+    # The quantity the `value` annotation formats, read when the alert resolves.
+    reading: promql.Expr | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ def _local(alert: rules.Alert) -> LocalRule:
         labels=alert.labels,
         annotations=alert.annotations,
         keep_firing_seconds=float(duration_seconds(alert.keep_firing_for)),
+        reading=promql.parse(alert.reading) if alert.reading else None,
     )
 
 
@@ -119,9 +123,8 @@ class RuleSet:
         alerts = local_rules(thresholds)
         every = _recordings(thresholds)
         recorded = {rule.record for rule in every}
-        needed = set(state_records(thresholds)) | engine.names_read(
-            (rule.expr for rule in alerts), recorded
-        )
+        read = [rule.expr for rule in alerts] + [r.reading for r in alerts if r.reading]
+        needed = set(state_records(thresholds)) | engine.names_read(read, recorded)
         while True:
             more = engine.names_read((r.expr for r in every if r.record in needed), recorded)
             if more <= needed:
@@ -130,7 +133,8 @@ class RuleSet:
         return cls(alerts, [rule for rule in every if rule.record in needed])
 
     def _exprs(self) -> list[promql.Expr]:
-        return [rule.expr for rule in self.alerts] + [rule.expr for rule in self.recording]
+        readings = [rule.reading for rule in self.alerts if rule.reading is not None]
+        return [rule.expr for rule in self.alerts] + readings + [r.expr for r in self.recording]
 
     def _recorded(self) -> set[str]:
         return {rule.record for rule in self.recording}
@@ -203,6 +207,23 @@ class Evaluated:
     alerts: tuple[Alert, ...]
     # When the evaluator saw its first samples: the rules' windows fill from then.
     since: float
+
+
+def _resolved(alert: Alert, rule: LocalRule, series: Labels, readings: Vector, now: float) -> Alert:
+    """The alert resolved at ``now``, with its value then where its reading has the series.
+
+    The reading's series is the alert's, or the one whose labels are all the alert's (a reading
+    aggregated over fewer labels than the condition keeps).
+    """
+    value = readings.get(series)
+    if value is None:
+        have = set(series)
+        value = next((v for labels, v in readings.items() if set(labels) <= have), None)
+    annotations = dict(alert.annotations)
+    template = rule.annotations.get("value")
+    if value is not None and template and not math.isnan(value):
+        annotations[RESOLVED_VALUE] = templates.render(template, alert.labels, value)
+    return replace(alert, resolved_at=now, annotations=annotations)
 
 
 @dataclass
@@ -352,7 +373,7 @@ class Evaluator:
         for state in self._states:
             result = self._evaluate(state.rule.name, state.rule.expr, step)
             if result is not None:
-                changed.extend(self._advance(state, result, now))
+                changed.extend(self._advance(state, result, now, step))
         since = self.history.started if self.history.started is not None else now
         self.evaluated = Evaluated(now, kept, tuple(self.alerts()), since)
         return changed
@@ -370,9 +391,12 @@ class Evaluator:
         self._failing.discard(name)
         return {engine.without_name(labels): value for labels, value in result.items()}
 
-    def _advance(self, state: _RuleState, result: Vector, now: float) -> list[Alert]:
+    def _advance(
+        self, state: _RuleState, result: Vector, now: float, step: engine.Evaluation
+    ) -> list[Alert]:
         rule = state.rule
         changed = []
+        readings: Vector | None = None
         # Changed on a copy and swapped in whole: the status page reads the alerts from request
         # threads while this runs in the collection thread.
         active = dict(state.active)
@@ -393,7 +417,9 @@ class Evaluator:
                         continue
                 del active[series]
                 if alert.firing_since is not None:
-                    changed.append(replace(alert, resolved_at=now))
+                    if readings is None:
+                        readings = self._readings(rule, step)
+                    changed.append(_resolved(alert, rule, series, readings, now))
         for series, value in result.items():
             labels = {**dict(series), "alertname": rule.name, **rule.labels}
             previous = active.get(series)
@@ -410,6 +436,12 @@ class Evaluator:
             active[series] = alert
         state.active = active
         return changed
+
+    def _readings(self, rule: LocalRule, step: engine.Evaluation) -> Vector:
+        """The rule's reading now, by series; empty without one, or when it fails."""
+        if rule.reading is None:
+            return {}
+        return self._evaluate(f"{rule.name} (its reading)", rule.reading, step) or {}
 
     def alerts(self) -> list[Alert]:
         """Every pending and firing alert."""

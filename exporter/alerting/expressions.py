@@ -145,8 +145,40 @@ def bridged(series: str, gap: str) -> str:
     being measured, during a gap. The last reading carries the condition across, for at most
     ``gap``; a real reading that breaks the condition (a job that ended reads 0 processes)
     breaks it at once.
+
+    A GPU that the exporter no longer lists, in a scrape that succeeded, is not bridged: it is
+    gone, not unread (:func:`vanished`). Only a missing exporter (a failed scrape, a restart) is.
     """
-    return f"last_over_time({series}[{gap}])"
+    return f"(last_over_time({series}[{gap}]) {unless_vanished(gap)})"
+
+
+# The labels a GPU's series and its vanished reading share: the UUID names a GPU across
+# renumbering, and every series of a listed GPU carries it.
+VANISHED_KEYS = "instance, job, uuid"
+
+
+def unless_vanished(window: str) -> str:
+    """``unless`` the GPU vanished (:func:`vanished`) within ``window``.
+
+    Appended to a condition that reads the GPU's samples over ``window``: they linger there
+    that long after the GPU is gone, so the GPU counts as vanished that long too.
+    """
+    return f"unless on ({VANISHED_KEYS}) (\n{indented(vanished(window))}\n)"
+
+
+def vanished(window: str) -> str:
+    """GPUs read within ``window`` that the last scrape, which succeeded, no longer lists.
+
+    A failed scrape leaves every series of the exporter stale, its collection time included; a
+    scrape that succeeded carries the collection time, and staleness markers for each series it
+    no longer has: so a GPU gone from a scrape that answered is its own ``gpu_up`` stale while
+    its exporter's collection time is fresh.
+    """
+    return (
+        f"last_over_time(gpu_up[{window}])\n"
+        f"unless on ({VANISHED_KEYS}) gpu_up\n"
+        f"and on (instance, job) {COLLECTED_AT}"
+    )
 
 
 def starved_condition(thresholds: Thresholds, utilization: str, idle: str) -> str:
@@ -181,7 +213,8 @@ def above_for(thresholds: Thresholds) -> str:
     return (
         f"min_over_time({names['avg_short']}[{window}]) > {literal(high.number('above'))}\n"
         f"and on ({GPU}) last_over_time({names['avg_short']}[{thresholds.gap_tolerance}]"
-        f" offset {window})"
+        f" offset {window})\n"
+        f"{unless_vanished(window)}"
     )
 
 

@@ -15,6 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+# The annotation in which gpuload's own alerting gives a resolved alert's value at resolution
+# (Alertmanager's resolved alerts carry only the annotations of their last firing evaluation).
+RESOLVED_VALUE = "resolved_value"
+
 STATUSES = ("firing", "resolved")
 
 # A surrogate's escape: only a body holding one can decode to a string with a lone surrogate.

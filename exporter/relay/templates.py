@@ -21,7 +21,7 @@ from urllib.parse import quote, urlencode, urlsplit
 import jinja2
 from jinja2.sandbox import SandboxedEnvironment
 
-from exporter.relay.payload import Alert, Notification
+from exporter.relay.payload import RESOLVED_VALUE, Alert, Notification
 
 TRUNCATED = "… (truncated)"
 SUMMARY_LIMIT = 300
@@ -149,22 +149,92 @@ def alert_name(notification: Notification) -> str:
     return names.pop() if len(names) == 1 else f"{len(names)} alerts"
 
 
+# The order of severities from the worst, for a digest's headline (PagerDuty's four, then
+# Prometheus's usual `info`, which is among them).
+SEVERITY_ORDER = ("critical", "error", "warning", "info")
+
+
+def _node(labels: Mapping[str, str]) -> str:
+    return labels.get("node") or labels.get("instance", "")
+
+
+def _gpus(alerts: Sequence[Alert]) -> set[tuple[str, str]]:
+    """The GPUs the alerts are about, as (node, GPU index); node-level alerts name none."""
+    return {(_node(a.labels), a.labels["gpu"]) for a in alerts if a.labels.get("gpu")}
+
+
+def where_brief(alerts: Sequence[Alert]) -> str:
+    """Where the alerts happened, short enough for a preview.
+
+    ``GPU 3 on node-7``, ``2 GPUs on node-7``, ``5 GPUs on 2 nodes``, or the node alone for
+    node-level alerts.
+    """
+    gpus = _gpus(alerts)
+    nodes = {_node(a.labels) for a in alerts} - {""}
+    if len(gpus) == 1:
+        ((node, gpu),) = gpus
+        return f"GPU {gpu} on {node}" if node else f"GPU {gpu}"
+    on = (
+        f" on {next(iter(nodes))}"
+        if len(nodes) == 1
+        else f" on {len(nodes)} nodes"
+        if nodes
+        else ""
+    )
+    if gpus:
+        return f"{len(gpus)} GPUs{on}"
+    return on.removeprefix(" on ")
+
+
 def title(notification: Notification) -> str:
-    """``[FIRING:2] GPUTemperatureHigh (critical)``, as Alertmanager's own defaults say it."""
+    """``[FIRING:2] GPUTemperatureHigh (critical) · GPU 3 on node-7``: Alertmanager's title.
+
+    It is the preview of every target's message (Slack's ``text``, the first line of a push
+    notification), so it names the alert, the node and the GPU, not only the alert.
+    """
     firing = sum(1 for alert in notification.alerts if alert.status == "firing")
     status = f"FIRING:{firing}" if notification.status == "firing" else "RESOLVED"
     severity = notification.common_labels.get("severity")
     suffix = f" ({severity})" if severity else ""
-    return f"[{status}] {alert_name(notification)}{suffix}"
+    where = where_brief(notification.alerts)
+    return f"[{status}] {alert_name(notification)}{suffix}" + (f" · {where}" if where else "")
+
+
+def worst(alerts: Sequence[Alert]) -> Alert | None:
+    """The alert on-call must see first: firing before resolved, then by severity."""
+
+    def rank(alert: Alert) -> tuple[int, int]:
+        severity = alert.labels.get("severity", "")
+        order = (
+            SEVERITY_ORDER.index(severity) if severity in SEVERITY_ORDER else len(SEVERITY_ORDER)
+        )
+        return (alert.status != "firing", order)
+
+    return min(alerts, key=rank, default=None)
 
 
 def digest_title(notifications: Sequence[Notification]) -> str:
-    """The headline of a digest of several notifications."""
+    """The headline of a digest: its worst alert and where, then how many GPUs and notifications.
+
+    ``Alert digest: GPUFellOffBus (critical) · GPU 3 on node-7 · 4 GPUs · 8 notifications
+    (6 firing, 2 resolved)``: the preview names what to look at first, and how wide it is
+    before the counts a short title (DingTalk's 100 characters) may cut.
+    """
+    alerts = [alert for n in notifications for alert in n.alerts]
     firing = sum(1 for n in notifications if n.status == "firing")
     resolved = len(notifications) - firing
-    return (
-        f"Alert digest: {len(notifications)} notifications ({firing} firing, {resolved} resolved)"
-    )
+    count = f"{len(notifications)} notifications ({firing} firing, {resolved} resolved)"
+    gpus = len(_gpus(alerts))
+    width = f"{gpus} GPU{'s' if gpus > 1 else ''}" if gpus else ""
+    first = worst(alerts)
+    if first is None:
+        return f"Alert digest: {count}"
+    severity = first.labels.get("severity")
+    name = first.labels.get("alertname", "alert") + (f" ({severity})" if severity else "")
+    if first.status != "firing":
+        name += " resolved"
+    where = where_brief([first])
+    return " · ".join(part for part in (f"Alert digest: {name}", where, width, count) if part)
 
 
 # How services count a message's size: characters (code points), UTF-16 code units (Slack,
@@ -345,7 +415,7 @@ def alert_text(alert: AlertView, flavor: Flavor) -> str:
     lines = [flavor.bold(headline)]
     if alert.summary:
         lines.append(f"{flavor.bold('Summary:')} {esc(truncate(alert.summary, SUMMARY_LIMIT))}")
-    facts = [esc(alert.where), f"value {esc(alert.value)}" if alert.value else ""]
+    facts = [esc(alert.where), esc(value_text(alert))]
     if any(facts):
         lines.append(" · ".join(fact for fact in facts if fact))
     since = f"since {alert.starts_at}" if alert.starts_at else ""
@@ -365,6 +435,22 @@ def alert_text(alert: AlertView, flavor: Flavor) -> str:
     if any(links):
         lines.append(" · ".join(link for link in links if link))
     return "\n".join(lines)
+
+
+def value_text(alert: AlertView) -> str:
+    """``value 97%`` while firing; ``value was 97%`` once resolved.
+
+    Alertmanager's resolved alerts carry the annotations of their last firing evaluation, so
+    the value of a resolved alert is what it was while firing, never what it is now. gpuload's
+    own alerting says the value at resolution in ``resolved_value``, when it has one.
+    """
+    if alert.status == "firing":
+        return f"value {alert.value}" if alert.value else ""
+    now = alert.annotations.get(RESOLVED_VALUE, "")
+    was = f"was {alert.value}" if alert.value else ""
+    if now:
+        return f"value {now} at resolution" + (f", {was}" if was else "")
+    return f"value {was}" if was else ""
 
 
 def alert_parts(notification: Notification, settings: MessageSettings, flavor: Flavor) -> list[str]:
@@ -388,7 +474,7 @@ def digest_line(notification: Notification, settings: MessageSettings, flavor: F
     lines = [flavor.bold(esc(title(notification)))]
     for alert in notification.alerts:
         v = view(alert, settings)
-        facts = [esc(v.summary or v.name), esc(v.where), f"value {esc(v.value)}" if v.value else ""]
+        facts = [esc(v.summary or v.name), esc(v.where), esc(value_text(v))]
         link = flavor.link("Runbook", v.runbook_url)
         lines.append("• " + " · ".join(f for f in [*facts, link] if f))
     return "\n".join(lines)
