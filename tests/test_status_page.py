@@ -259,8 +259,8 @@ def _check_thermal_throttle_now(dom: str, shown: list[Any]) -> None:
     assert summary(dom)["warnings"] == 8
     for card in shown:
         assert card.severity == "warning"
-        # The 89 °C reading is red against its slowdown threshold, not a full blue bar.
-        assert _levels(card.html, "Temperature (now)") == ["crit"], card.html
+        # The 89 °C reading takes GPUTemperatureHigh's level (a warning), not a full blue bar.
+        assert _levels(card.html, "Temperature (now)") == ["warn"], card.html
         assert "at slowdown 89" in card.html
         assert _levels(card.html, "SM clock (now)") == ["warn"]
         assert re.search(r"<b>\d+ / 1980 MHz \u25b2</b>", card.html)  # the clock ratio
@@ -402,7 +402,7 @@ def _check_thermal_throttle(dom: str, shown: list[Any]) -> None:
         chip = re.search(r'data-bottleneck="thermal_throttled">([^<]*)', card.html)
         assert chip and "(5-min mean)" in chip.group(1), card.html
         assert 'href="' in card.html.split('data-bottleneck="thermal_throttled"')[1][:400]
-        assert re.search(r'class="firing" data-alert="GPUThermalThrottling"', card.html)
+        assert re.search(r'class="firing warn" data-alert="GPUThermalThrottling"', card.html)
 
 
 def _check_fell_off_bus(dom: str, shown: list[Any]) -> None:
@@ -412,7 +412,7 @@ def _check_fell_off_bus(dom: str, shown: list[Any]) -> None:
     assert "<strong>Lost</strong>" in lost.html and "FAULT" in lost.html
     assert 'data-xid="79"' in lost.html and "XID 79" in lost.html
     assert 'class="runbook"' in lost.html
-    assert 'class="firing" data-alert="GPUFellOffBus"' in lost.html
+    assert 'class="firing crit" data-alert="GPUFellOffBus"' in lost.html
     for card in shown[1:]:
         assert card.verdict == "healthy" or "GPUXidError" in card.html, card.html
     assert [card.gpu for card in shown[1:]] == sorted(card.gpu for card in shown[1:])

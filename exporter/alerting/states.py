@@ -97,6 +97,11 @@ def value_words(bottleneck: str, thresholds: Thresholds) -> str:
     )
 
 
+def needs_a_look(attention: str) -> bool:
+    """Whether a GPU of this attention needs a person: ``fault`` or ``warning``."""
+    return attention in ("fault", "warning")
+
+
 def needs_a_person(alert: Alert) -> bool:
     """Whether an alert is above info: a pending or firing one makes its GPU a warning or fault."""
     return _alert_rank(alert)[0] < 2
@@ -165,12 +170,12 @@ class Verdict:
 
     @property
     def healthy(self) -> bool:
-        """Whether the GPU needs nothing done."""
-        return self.attention in ("ok", "unknown")
+        """Whether the GPU is known to need nothing done: its attention is ``ok``."""
+        return self.attention == "ok"
 
     def headline(self) -> str:
         """The word a GPU goes by: its first finding (``hung``, an alert's name), else its state."""
-        if self.healthy or self.state == "lost":
+        if not needs_a_look(self.attention) or self.state == "lost":
             return self.state
         finding = next((b.name for b in self.bottlenecks if b.finding), None)
         if finding is not None:

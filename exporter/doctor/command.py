@@ -188,7 +188,7 @@ def run(options: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
 def exit_code(verdicts: states.Verdicts) -> int:
     """FINDINGS if a GPU needs a person, else UNMEASURED if no GPU's load was judged."""
     gpus = list(verdicts.gpus.values())
-    if any(not verdict.healthy for verdict in gpus):
+    if any(states.needs_a_look(verdict.attention) for verdict in gpus):
         return FINDINGS
     if any(states.needs_a_person(alert) for alert in verdicts.node_alerts):
         return FINDINGS
@@ -245,7 +245,7 @@ def _group(group: Group, mean: str) -> list[str]:
     load = f"{first.state}, {busy}"
     if first.state == "lost":
         load = f"lost, no readings ({first.attention})"
-    elif not first.healthy:
+    elif states.needs_a_look(first.attention):
         load = f"{first.headline()} ({first.attention}); load {load}"
     lines = [f"{group.label}: {load}  ({model})"]
     body: list[str] = []
