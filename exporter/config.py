@@ -65,6 +65,14 @@ class SimulationConfig:
 
 
 @dataclass(frozen=True)
+class HistoryConfig:
+    """Where the local evaluator's history is kept across restarts (`history` in the file)."""
+
+    # The file (gzip-compressed JSON, docs/status.md); None: nowhere, every start is cold.
+    path: str | None = None
+
+
+@dataclass(frozen=True)
 class AlertingConfig:
     """The local alerts (`alerting` in the file): where they go, and how they are labelled."""
 
@@ -96,6 +104,7 @@ class Config:
     metrics_profile: str
     simulate: SimulationConfig
     alerting: AlertingConfig
+    history: HistoryConfig = field(default_factory=HistoryConfig)
     collectors: Mapping[str, bool] = field(default_factory=dict)
     collector_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -118,7 +127,12 @@ def _telemetry_path(value: Any) -> str:
     return path
 
 
-_SECTIONS = {"web": WebConfig, "log": LogConfig, "simulate": SimulationConfig}
+_SECTIONS = {
+    "web": WebConfig,
+    "log": LogConfig,
+    "simulate": SimulationConfig,
+    "history": HistoryConfig,
+}
 
 # Every scalar setting of `gpuload serve`: its key path, parser, default, flag and help. The
 # collectors' `collectors.NAME.*` keys come from the collector registry and are added by `load`.
@@ -173,6 +187,15 @@ SETTINGS = Settings(
             "or full (everything, e.g. for a node being debugged); docs/fleet.md",
         ),
         *LOG_SETTINGS,
+        Setting(
+            "history.path",
+            optional(str),
+            None,
+            "--history.path",
+            "file the rules' history is saved to every minute and on stop, and read back at "
+            "start when recent and from the same GPUs, so that a restart is not blind for the "
+            "rules' warm-up (default: none)",
+        ),
         Setting(
             "simulate.scenario",
             optional(str),
