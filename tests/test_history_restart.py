@@ -64,6 +64,26 @@ def test_a_restarted_daemon_shows_the_verdicts_it_had_within_one_cycle(tmp_path:
     assert _seen(after) == _seen(before)
 
 
+def test_a_cold_daemon_names_a_hung_collective_provisionally_within_90_s() -> None:
+    node = SimulatedNode("hung-collective")
+    try:
+        node.run_until(30)
+        early = node.status.status()
+        node.run_until(90)
+        status = node.status.status()
+    finally:
+        node.close()
+    # Before the provisional rules' own 1-minute window is whole, nothing is judged.
+    assert {gpu["verdict"]["label"] for gpu in early["gpus"]} == {"Warming up"}
+    assert status["rules"]["warming_up"] is True
+    for gpu in status["gpus"]:
+        verdict = gpu["verdict"]
+        assert verdict["label"] == "Hung (provisional)", verdict
+        assert verdict["provisional"] is True and verdict["attention"] == "warning", verdict
+        assert "hung" in [b["bottleneck"] for b in verdict["bottlenecks"]], verdict
+        assert "provisional, on 1-min means" in verdict["summary"], verdict
+
+
 def _document(**changes: Any) -> dict[str, Any]:
     return {
         "format": history_file.FORMAT,

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from exporter.alerting import history_file
+from exporter.alerting import history_file, provisional
 from exporter.alerting.evaluator import Alert, Evaluator, warm_up_seconds
 from exporter.alerting.history import History, Labels, Sample, snapshot_samples
 from exporter.alerting.inhibition import find_inhibitor
@@ -74,6 +74,16 @@ class LocalAlerting:
             interval=evaluation_interval,
         )
         self.notifier = notifier
+        # The same rules with shorter windows, fed until this evaluator's windows are whole;
+        # then dropped with their history (see exporter.alerting.provisional).
+        self.provisional: Evaluator | None = Evaluator(
+            provisional.thresholds(thresholds),
+            instance=instance,
+            job=job,
+            also_keep=also_keep,
+            interval=evaluation_interval,
+        )
+        self._warm_up = warm_up_seconds(thresholds)
         # Where the history is kept across restarts (None: nowhere, every start is cold).
         self.keeper = None
         if history_path is not None:
@@ -127,7 +137,9 @@ class LocalAlerting:
         """:meth:`observe` on one cycle's samples, taken at ``now``."""
         # The alerts before this evaluation: the series of those that resolve in it.
         previous = self.evaluator.active() if self.notifier is not None else []
+        samples = list(samples)
         changed = self.evaluator.observe(samples, now)
+        self._observe_provisional(samples, now)
         for alert in changed:
             log.info(
                 "local alert %s %s: %s",
@@ -145,6 +157,16 @@ class LocalAlerting:
             self.notifier.send(outgoing, now)
         self._save(active)
         return changed
+
+    def _observe_provisional(self, samples: list[Sample], now: float) -> None:
+        """Feed the provisional rules while the rules' windows fill; drop them once whole."""
+        if self.provisional is None:
+            return
+        started = self.history.started
+        if started is not None and now - started >= self._warm_up:
+            self.provisional = None
+            return
+        self.provisional.observe(samples, now)
 
     def _resolves(self, changed: list[Alert], previous: list[tuple[Labels, Alert]]) -> list[Alert]:
         """The resolved alerts whose firing was notified.

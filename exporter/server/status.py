@@ -178,9 +178,16 @@ def _alert_name(alert: Alert) -> str:
     return alert.name if instance is None else f"{alert.name} (MIG {instance})"
 
 
-def _verdict(verdict: states.Verdict, rules: dict[str, Any]) -> dict[str, Any]:
-    """A GPU's recorded verdict in the page's words, with the figures it was judged on."""
-    mean = f"({_mean_words(rules['window'])})"
+def _verdict(
+    verdict: states.Verdict, rules: dict[str, Any], provisional_window: str | None = None
+) -> dict[str, Any]:
+    """A GPU's recorded verdict in the page's words, with the figures it was judged on.
+
+    With ``provisional_window``, ``verdict`` is the provisional rules' (their windows that long)
+    while the rules' own windows fill.
+    """
+    window = provisional_window or rules["window"]
+    mean = f"({_mean_words(window)})"
     busy_text = "busy: no mean recorded"
     if verdict.busy is not None:
         busy_text = f"busy {_percent(verdict.busy)} {mean}"
@@ -203,7 +210,11 @@ def _verdict(verdict: states.Verdict, rules: dict[str, Any]) -> dict[str, Any]:
     # A lost GPU is lost now, and a firing critical alert is a fault now; every other verdict is
     # judged on means that do not cover their window yet.
     provisional = rules["warming_up"] and verdict.state != "lost"
-    if provisional and verdict.attention != "fault":
+    if provisional and provisional_window is not None:
+        label = f"{label} (provisional)"
+        waiting = warm_up_words(rules)
+        summary = f"{summary} (provisional, on {_mean_words(window)}s: the rules' {waiting})"
+    elif provisional and verdict.attention != "fault":
         label = "Warming up"
         waiting = warm_up_words(rules)
         summary = f"{summary} ({waiting})" if states.needs_a_look(verdict.attention) else waiting
@@ -341,6 +352,19 @@ class StatusPage:
         identities = {str(gpu.index): (gpu.name, gpu.uuid) for gpu in snapshot.gpus}
         return states.read(evaluator.evaluated, evaluator.thresholds, identities)
 
+    def _provisional(
+        self, snapshot: Snapshot, verdicts: states.Verdicts | None
+    ) -> states.Verdicts | None:
+        """The provisional rules' verdicts while the rules warm up, once theirs are whole."""
+        if verdicts is None or not verdicts.warming_up or self._alerting is None:
+            return None
+        evaluator = self._alerting.provisional
+        if evaluator is None:
+            return None
+        identities = {str(gpu.index): (gpu.name, gpu.uuid) for gpu in snapshot.gpus}
+        found = states.read(evaluator.evaluated, evaluator.thresholds, identities)
+        return None if found is None or found.warming_up else found
+
     def status(self) -> dict[str, Any]:
         """The JSON document of `/api/v1/status`."""
         snapshot = self._latest()
@@ -387,19 +411,26 @@ class StatusPage:
             "xids": _by_label(samples, "gpu_xid_errors_total", "xid"),
         }
         mig = self._mig_instances(now, samples)
+        # While the rules warm up, the cards' verdicts are the provisional rules' (the alerts
+        # stay the rules' own: only those are notified).
+        provisional = self._provisional(snapshot, verdicts)
+        shown = provisional or verdicts
+        window = provisional.window if provisional is not None else None
+        words = document["rules"] if window is None else {**document["rules"], "window": window}
         for gpu in snapshot.gpus:
             key = str(gpu.index)
             card = self._gpu(gpu, values, labelled)
-            verdict = verdicts.gpus.get(key) if verdicts is not None else None
+            verdict = shown.gpus.get(key) if shown is not None else None
+            alerts = verdicts.gpus.get(key) if verdicts is not None else None
             if verdict is not None:
-                card["verdict"] = _verdict(verdict, document["rules"])
+                card["verdict"] = _verdict(verdict, document["rules"], window)
                 self._not_idle_while_busy(card["verdict"], values["util"].get(key))
-                card["alerts"] = [alert_document(a) for a in verdict.alerts]
+                card["alerts"] = [alert_document(a) for a in alerts.alerts] if alerts else []
             else:
                 why = "local alerting is off" if self._alerting is None else "no evaluation yet"
                 card["verdict"] = _no_verdict(why)
                 card["alerts"] = []
-            card["mig"] = _with_means(mig.get(key, []), verdict, document["rules"])
+            card["mig"] = _with_means(mig.get(key, []), verdict, words)
             card["severity"] = _severity(card)
             document["gpus"].append(card)
         document["summary"] = _summary(document)
