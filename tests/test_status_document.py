@@ -16,11 +16,22 @@ import pytest
 from simnode import SimulatedNode
 from status_page_helpers import cards, summary
 
+from exporter.alerting import states
+from exporter.doctor import command, xids
+from exporter.doctor.node import summarize
 from exporter.server import document
 from exporter.server.status import page
 from exporter.sim.scenario import scenario_names
 
 MINUTES = (1, 3, 6, 10)
+# Next steps that pull in opposite directions: no GPU's advice may hold both of a pair.
+OPPOSITES = [
+    (r"smaller (micro-)?batch", r"larger batch|increase the batch size|more sequences per step"),
+    (r"lower (the )?power limit", r"raise (the )?power limit"),
+    (r"lower (the )?clocks?", r"raise (the )?clocks?"),
+    (r"fewer (data-?loader )?workers", r"more (data-?loader )?workers"),
+    (r"\bnothing\b", r"\bdrain\b"),
+]
 DOCS = Path(__file__).parent.parent / "docs" / "status.md"
 # Every object of the document -> its TypedDict.
 OBJECTS: dict[str, Any] = {
@@ -175,8 +186,32 @@ def test_the_document_holds_its_invariants_from_the_first_minute(scenario: str) 
             _check_counts(status, where)
             _check_levels(node, status, where)
             _check_page(status, where)
+        _check_doctor(node, f"{scenario} at {MINUTES[-1]} min")
     finally:
         node.close()
+
+
+def _check_doctor(node: SimulatedNode, where: str) -> None:
+    """The doctor's report: next steps for every group that needs a look, none contradicting."""
+    evaluator = node.alerting.evaluator
+    gpus = node.snapshot.gpus if node.snapshot else ()
+    identities = {str(gpu.index): (gpu.name, gpu.uuid) for gpu in gpus}
+    verdicts = states.read(evaluator.evaluated, node.thresholds, identities)
+    assert verdicts is not None, where
+    report = summarize(
+        "node", list(verdicts.gpus.values()), xids.reported(evaluator.history, node.thresholds)
+    )
+    text = command.text(report, verdicts, "sim", 600.0, command.exit_code(verdicts))
+    blocks = re.split(r"\n(?=\S)", text)
+    for group in report.groups:
+        block = next(b for b in blocks if b.startswith(f"{group.label}:"))
+        steps = [line.split("next: ", 1)[1] for line in block.splitlines() if "next: " in line]
+        if states.needs_a_look(group.verdicts[0].attention) and group.verdicts[0].state != "lost":
+            assert steps, (where, block)
+        advice = " ".join(steps).lower()
+        for one, other in OPPOSITES:
+            both = re.search(one, advice) and re.search(other, advice)
+            assert not both, (where, group.label, one, other, steps)
 
 
 def test_the_docs_list_every_key_of_the_document() -> None:
