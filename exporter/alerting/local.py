@@ -49,6 +49,15 @@ def instance_label(listen_address: str, port: int) -> str:
     return f"{host}:{port}"
 
 
+def _keeper(
+    thresholds: Thresholds, path: str | Path | None, interval: float
+) -> history_file.Keeper | None:
+    """What keeps the history in ``path``: taken back when saved within the gap tolerance."""
+    if path is None:
+        return None
+    return history_file.Keeper(Path(path), duration_seconds(thresholds.gap_tolerance), interval)
+
+
 class LocalAlerting:
     """Evaluates the shipped alerts on each snapshot and hands changes to the notifier, if any."""
 
@@ -85,13 +94,7 @@ class LocalAlerting:
         )
         self._warm_up = warm_up_seconds(thresholds)
         # Where the history is kept across restarts (None: nowhere, every start is cold).
-        self.keeper = None
-        if history_path is not None:
-            self.keeper = history_file.Keeper(
-                Path(history_path),
-                duration_seconds(thresholds.gap_tolerance),
-                history_save_interval,
-            )
+        self.keeper = _keeper(thresholds, history_path, history_save_interval)
         self.inhibit_rules = thresholds.inhibit_rules
         # Seconds between notifications of a firing alert (0: only when it fires and resolves).
         self.repeat_interval = repeat_interval
