@@ -6,10 +6,6 @@ real problem's: the one of the highest severity (critical, then warning, then in
 severity, the first in :data:`PRECEDENCE`. A bottleneck class that is a finding ranks as its alert
 (``hung`` as GPUJobHung), before the alert itself when both are there, so that a GPU reads "hung"
 rather than the alert's name. docs/runbooks.md#order-of-precedence says why this order.
-
-The order, worst first: the GPU is broken (it needs a drain, a reset or service); the job is stuck;
-the GPU is held down (heat, power, links); it is about to run out of memory; the job wastes the GPU
-(input, imbalance, idle); what bounds a job that runs well (power cap, bandwidth, compute).
 """
 
 from __future__ import annotations
