@@ -78,6 +78,14 @@ class SimulationConfig:
 
 
 @dataclass(frozen=True)
+class HistoryConfig:
+    """Where the local evaluator's history is kept across restarts (`history` in the file)."""
+
+    # The file (gzip-compressed JSON, docs/status.md); None: nowhere, every start is cold.
+    path: str | None = None
+
+
+@dataclass(frozen=True)
 class AlertingConfig:
     """The local alerts (`alerting` in the file): where they go, and how they are labelled."""
 
@@ -110,6 +118,7 @@ class Config:
     metrics: MetricsConfig
     simulate: SimulationConfig
     alerting: AlertingConfig
+    history: HistoryConfig = field(default_factory=HistoryConfig)
     collectors: Mapping[str, bool] = field(default_factory=dict)
     collector_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -144,6 +153,7 @@ _SECTIONS = {
     "log": LogConfig,
     "metrics": MetricsConfig,
     "simulate": SimulationConfig,
+    "history": HistoryConfig,
 }
 
 # Every scalar setting of `gpuload serve`: its key path, parser, default, flag and help. The
@@ -223,6 +233,15 @@ SETTINGS = Settings(
             "NVML's utilization, an approximation, so that cost tools see usage",
         ),
         *LOG_SETTINGS,
+        Setting(
+            "history.path",
+            optional(str),
+            None,
+            "--history.path",
+            "file the rules' history is saved to every minute and on stop, and read back at "
+            "start when recent and from the same GPUs, so that a restart is not blind for the "
+            "rules' warm-up (default: none)",
+        ),
         Setting(
             "simulate.scenario",
             optional(str),

@@ -9,6 +9,7 @@ samples at the same times.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from exporter import sim
 from exporter.alerting import states, thresholds
@@ -36,6 +37,7 @@ class SimulatedNode:
         seed: int | None = None,
         instance: str = "node:19400",
         observe: Callable[[Snapshot], None] | None = None,
+        history_path: Path | None = None,
     ) -> None:
         self.start = start
         self.clock = ScenarioClock(start)
@@ -56,6 +58,7 @@ class SimulatedNode:
             also_keep=states.FAMILIES,
             evaluation_interval=evaluation_interval,
             now=start,
+            history_path=history_path,
         )
         self.snapshot: Snapshot | None = None
         # Called with each snapshot before it is evaluated (a test that records the samples).

@@ -535,10 +535,13 @@ def test_each_scenarios_verdict_keeps_the_definitions(runs: dict[str, Run], scen
         findings = [name for name in _bottlenecks(gpu) if _needs_a_person(name, loaded)]
         if gpu["state"] == "lost" or serious or findings:
             assert gpu["healthy"] is False, gpu
+        # Healthy: known to need nothing, so neither a finding nor an unmeasured load.
+        assert gpu["healthy"] is (gpu["attention"] == "ok"), gpu
     # The exit code: 1 if a GPU (or the node) needs a person, else 2 if no GPU's load was
     # measured, else 0.
     node_serious = [a for a in report["alerts"] if a["severity"] in ("warning", "critical")]
-    if node_serious or any(gpu["healthy"] is False for gpu in gpus):
+    needs_a_look = any(gpu["attention"] in ("fault", "warning") for gpu in gpus)
+    if node_serious or needs_a_look:
         assert done.code == 1, report["node"]
     elif all(gpu["attention"] == "unknown" for gpu in gpus):
         assert done.code == 2, report["node"]

@@ -310,6 +310,36 @@ def exporter_settings(objects: list[dict[str, Any]]) -> dict[str, Any]:
     return settings
 
 
+def test_the_history_survives_a_container_restart_by_default_and_a_rollout_on_a_host_path(
+    loaded: helm.Chart, tmp_path: Path
+) -> None:
+    path = "/var/lib/gpuload/history/history.json.gz"
+    for values, volume in [
+        ({}, {"name": "history", "emptyDir": {"sizeLimit": "64Mi"}}),
+        (
+            {"exporter": {"history": {"hostPath": "/var/lib/gpuload-history"}}},
+            {
+                "name": "history",
+                "hostPath": {"path": "/var/lib/gpuload-history", "type": "DirectoryOrCreate"},
+            },
+        ),
+    ]:
+        objects = render_objects(loaded, values)
+        pod = exporter_pod(objects)
+        assert volume in pod["volumes"], pod["volumes"]
+        (container,) = pod["containers"]
+        mount = {"name": "history", "mountPath": "/var/lib/gpuload/history"}
+        assert mount in container["volumeMounts"]
+        file = tmp_path / "gpuload.yaml"
+        file.write_text(the(objects, "ConfigMap")["data"]["gpuload.yaml"])
+        settings = config.load(
+            file=file,
+            collectors={name: spec.enabled_by_default for name, spec in REGISTRY.items()},
+            collector_options={name: spec.options for name, spec in REGISTRY.items()},
+        )
+        assert settings.history.path == path
+
+
 def test_defaults_grant_no_kubernetes_api_access_and_no_host_pids(loaded: helm.Chart) -> None:
     objects = render_objects(loaded, {})
     pod = exporter_pod(objects)

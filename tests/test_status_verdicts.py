@@ -15,9 +15,9 @@ import pytest
 from simnode import SimulatedNode
 from status_page_helpers import cards
 
-from exporter.alerting import rules, states
+from exporter.alerting import rules
 from exporter.alerting.evaluator import Evaluated, warm_up_seconds
-from exporter.server.status import StatusPage, page
+from exporter.server.status import StatusPage, alert_document, page
 
 # Seconds into a scenario once every rule's window is whole (the warm-up is 6 minutes).
 SETTLED = 420
@@ -102,7 +102,7 @@ def test_each_verdict_is_the_state_the_rules_recorded(scenario: str) -> None:
                 assert verdict["label"].lower() == finding["bottleneck"].replace("_", "-")
         assert verdict["busy_5m"] == (busy[key][1] if key in busy else None), (key, verdict)
         # Its alerts are the evaluation's on this GPU, not another read's.
-        on_gpu = [states.alert_json(a) for a in alerts if a.labels.get("gpu") == key]
+        on_gpu = [alert_document(a) for a in alerts if a.labels.get("gpu") == key]
         assert sorted(gpu["alerts"], key=repr) == sorted(on_gpu, key=repr)
         assert gpu["severity"] == verdict["attention"], gpu
 

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 # A series' labels as sorted (name, value) pairs; the metric name is kept apart.
 Labels = tuple[tuple[str, str], ...]
 Point = tuple[float, float]
+# A point as saved: None for a staleness marker.
+SavedPoint = tuple[float, float | None]
 
 POINTS = 360
 # The marker of a series that went missing (Prometheus's staleness marker): an instant selector
@@ -197,6 +199,40 @@ class History:
                 if inside:
                     found[labels] = inside
         return found
+
+    def series(self) -> list[tuple[str, Labels, list[Point]]]:
+        """Every series held, with its samples (staleness markers included): what a save writes."""
+        with self._lock:
+            return [
+                (name, labels, list(points))
+                for name, family in self._series.items()
+                for labels, points in family.items()
+            ]
+
+    def restore(self, series: Iterable[tuple[str, Labels, list[SavedPoint]]]) -> int:
+        """Take back saved series into an empty history, as if they had been collected.
+
+        ``started`` becomes the oldest sample's time: the rules' means cover what was saved.
+        A point whose value is None is a staleness marker. Returns the series taken back.
+        """
+        count = 0
+        with self._lock:
+            if self._series:
+                raise ValueError("a history takes back saved series only before its first sample")
+            for name, labels, points in series:
+                if self.keep is not None and name not in self.keep:
+                    continue
+                kept = deque((at, STALE if value is None else value) for at, value in points)
+                if not kept:
+                    continue
+                self._series.setdefault(name, {})[labels] = kept
+                if any(value is STALE for _at, value in kept):
+                    self._marked.add((name, labels))
+                oldest, newest = kept[0][0], kept[-1][0]
+                self.started = oldest if self.started is None else min(self.started, oldest)
+                self.now = newest if self.now is None else max(self.now, newest)
+                count += 1
+        return count
 
     def names(self) -> set[str]:
         """The metric names held."""

@@ -17,12 +17,14 @@ import logging
 import socket
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from exporter.alerting import history_file, provisional
 from exporter.alerting.evaluator import Alert, Evaluator, warm_up_seconds
 from exporter.alerting.history import History, Labels, Sample, snapshot_samples
 from exporter.alerting.inhibition import find_inhibitor
-from exporter.alerting.thresholds import Thresholds
+from exporter.alerting.thresholds import Thresholds, duration_seconds
 from exporter.snapshot import Snapshot
 
 if TYPE_CHECKING:
@@ -31,6 +33,9 @@ if TYPE_CHECKING:
     from exporter.alerting.notify import AlertStore, Key, Notifier
 
 log = logging.getLogger(__name__)
+
+# Seconds between saves of the history to its file: what a crash may lose.
+HISTORY_SAVE_INTERVAL = 60.0
 
 
 def instance_label(listen_address: str, port: int) -> str:
@@ -42,6 +47,15 @@ def instance_label(listen_address: str, port: int) -> str:
     if host.strip("[]") in ("", "0.0.0.0", "::"):
         host = socket.gethostname()
     return f"{host}:{port}"
+
+
+def _keeper(
+    thresholds: Thresholds, path: str | Path | None, interval: float
+) -> history_file.Keeper | None:
+    """What keeps the history in ``path``: taken back when saved within the gap tolerance."""
+    if path is None:
+        return None
+    return history_file.Keeper(Path(path), duration_seconds(thresholds.gap_tolerance), interval)
 
 
 class LocalAlerting:
@@ -58,6 +72,8 @@ class LocalAlerting:
         evaluation_interval: float = 0.0,
         repeat_interval: float = 0.0,
         now: float | None = None,
+        history_path: str | Path | None = None,
+        history_save_interval: float = HISTORY_SAVE_INTERVAL,
     ) -> None:
         self.evaluator = Evaluator(
             thresholds,
@@ -67,6 +83,18 @@ class LocalAlerting:
             interval=evaluation_interval,
         )
         self.notifier = notifier
+        # The same rules with shorter windows, fed until this evaluator's windows are whole;
+        # then dropped with their history (see exporter.alerting.provisional).
+        self.provisional: Evaluator | None = Evaluator(
+            provisional.thresholds(thresholds),
+            instance=instance,
+            job=job,
+            also_keep=also_keep,
+            interval=evaluation_interval,
+        )
+        self._warm_up = warm_up_seconds(thresholds)
+        # Where the history is kept across restarts (None: nowhere, every start is cold).
+        self.keeper = _keeper(thresholds, history_path, history_save_interval)
         self.inhibit_rules = thresholds.inhibit_rules
         # Seconds between notifications of a firing alert (0: only when it fires and resolves).
         self.repeat_interval = repeat_interval
@@ -95,16 +123,26 @@ class LocalAlerting:
         return self.evaluator.history
 
     def observe(self, snapshot: Snapshot) -> list[Alert]:
-        """Evaluate on a new snapshot; queue notifications for what fired, resolved or repeats."""
-        return self.observe_samples(
-            snapshot_samples(snapshot, self.history.keep), snapshot.completed_at
-        )
+        """Evaluate on a new snapshot; queue notifications for what fired, resolved or repeats.
+
+        With a history file, the first snapshot's GPUs decide whether the saved history is taken
+        back; the history is saved every ``history_save_interval`` after evaluating.
+        """
+        now = snapshot.completed_at
+        if self.keeper is not None and self.keeper.uuids is None:
+            self.keeper.start(self.history, [gpu.uuid for gpu in snapshot.gpus if gpu.uuid], now)
+        changed = self.observe_samples(snapshot_samples(snapshot, self.history.keep), now)
+        if self.keeper is not None:
+            self.keeper.tick(self.history, now)
+        return changed
 
     def observe_samples(self, samples: Iterable[Sample], now: float) -> list[Alert]:
         """:meth:`observe` on one cycle's samples, taken at ``now``."""
         # The alerts before this evaluation: the series of those that resolve in it.
         previous = self.evaluator.active() if self.notifier is not None else []
+        samples = list(samples)
         changed = self.evaluator.observe(samples, now)
+        self._observe_provisional(samples, now)
         for alert in changed:
             log.info(
                 "local alert %s %s: %s",
@@ -122,6 +160,16 @@ class LocalAlerting:
             self.notifier.send(outgoing, now)
         self._save(active)
         return changed
+
+    def _observe_provisional(self, samples: list[Sample], now: float) -> None:
+        """Feed the provisional rules while the rules' windows fill; drop them once whole."""
+        if self.provisional is None:
+            return
+        started = self.history.started
+        if started is not None and now - started >= self._warm_up:
+            self.provisional = None
+            return
+        self.provisional.observe(samples, now)
 
     def _resolves(self, changed: list[Alert], previous: list[tuple[Labels, Alert]]) -> list[Alert]:
         """The resolved alerts whose firing was notified.
@@ -199,7 +247,9 @@ class LocalAlerting:
             self.notifier.start()
 
     def stop(self) -> None:
-        """Stop delivering; what is queued stays queued on disk."""
+        """Stop delivering and save the history; what is queued stays queued on disk."""
+        if self.keeper is not None and self.history.now is not None:
+            self.keeper.save(self.history, self.history.now)
         if self.notifier is not None:
             self.notifier.stop()
         if self._store is not None:

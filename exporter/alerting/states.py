@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.alerting import rules
+from exporter.alerting import precedence, rules
 from exporter.alerting.evaluator import Alert, Evaluated, warm_up_seconds
 from exporter.alerting.thresholds import Thresholds, duration_seconds
 
@@ -97,6 +97,11 @@ def value_words(bottleneck: str, thresholds: Thresholds) -> str:
     )
 
 
+def needs_a_look(attention: str) -> bool:
+    """Whether a GPU of this attention needs a person: ``fault`` or ``warning``."""
+    return attention in ("fault", "warning")
+
+
 def needs_a_person(alert: Alert) -> bool:
     """Whether an alert is above info: a pending or firing one makes its GPU a warning or fault."""
     return _alert_rank(alert)[0] < 2
@@ -165,28 +170,38 @@ class Verdict:
 
     @property
     def healthy(self) -> bool:
-        """Whether the GPU needs nothing done."""
-        return self.attention in ("ok", "unknown")
+        """Whether the GPU is known to need nothing done: its attention is ``ok``."""
+        return self.attention == "ok"
+
+    def worst(self) -> Alert | Bottleneck | None:
+        """The worst real problem: an alert above info or a finding, by :mod:`precedence`."""
+        ranked: list[tuple[tuple[int, int, int], Alert | Bottleneck]] = [
+            ((1, precedence.rank(rules.BOTTLENECK_ALERTS.get(b.name)), 0), b)
+            for b in self.bottlenecks
+            if b.finding
+        ]
+        for alert in self.alerts:
+            if needs_a_person(alert):
+                severity, place, _pending, _name = _alert_rank(alert)
+                ranked.append(((severity, place, 1), alert))
+        return min(ranked, key=lambda pair: pair[0])[1] if ranked else None
 
     def headline(self) -> str:
-        """The word a GPU goes by: its first finding (``hung``, an alert's name), else its state."""
-        if self.healthy or self.state == "lost":
+        """The word a GPU goes by: its worst problem (``hung``, an alert's name), else its state."""
+        if not needs_a_look(self.attention) or self.state == "lost":
             return self.state
-        finding = next((b.name for b in self.bottlenecks if b.finding), None)
-        if finding is not None:
-            return finding.replace("_", "-")
-        alert = next((a for a in self.alerts if needs_a_person(a)), None)
-        return alert.name if alert is not None else self.state
+        worst = self.worst()
+        if isinstance(worst, Bottleneck):
+            return worst.name.replace("_", "-")
+        return worst.name if worst is not None else self.state
 
     def summary(self) -> str:
-        """The one line that says what is wrong, or what it does: the most urgent first."""
-        alerts = sorted(self.alerts, key=_alert_rank)
-        if alerts and _alert_rank(alerts[0])[0] < 2:
-            first = alerts[0]
-            return first.annotations.get("summary") or first.name
-        findings = [b for b in self.bottlenecks if b.finding]
-        if findings:
-            return BOTTLENECK_WORDS.get(findings[0].name, findings[0].name)
+        """The one line that says what is wrong (its worst problem), or what it does."""
+        worst = self.worst()
+        if isinstance(worst, Bottleneck):
+            return BOTTLENECK_WORDS.get(worst.name, worst.name)
+        if worst is not None:
+            return worst.annotations.get("summary") or worst.name
         healthy = [b for b in self.bottlenecks if b.name != "none"]
         if healthy and self.state not in ("lost", "unknown"):
             return BOTTLENECK_WORDS.get(healthy[0].name, healthy[0].name)
@@ -266,19 +281,19 @@ def alert_json(alert: Alert) -> dict[str, Any]:
     }
 
 
-def _alert_rank(alert: Alert) -> tuple[int, int, str]:
-    """(severity rank, firing before pending, name): critical 0, warning 1, info and none 2."""
+def _alert_rank(alert: Alert) -> tuple[int, int, int, str]:
+    """(severity rank, precedence, firing before pending, name): critical 0, warning 1, else 2."""
     severity = alert.labels.get("severity", "")
     rank = {"critical": 0, "warning": 1}.get(severity, 2)
-    return (rank, alert.firing_since is None, alert.name)
+    return (rank, precedence.rank(alert.name), alert.firing_since is None, alert.name)
 
 
 def attention(state: str, bottlenecks: tuple[Bottleneck, ...], alerts: tuple[Alert, ...]) -> str:
     """How much a GPU needs a person: fault, warning, unknown or ok (see the module's text)."""
     ranks = [_alert_rank(alert) for alert in alerts]
-    if state == "lost" or any(rank == 0 and not pending for rank, pending, _n in ranks):
+    if state == "lost" or any(rank == 0 and not pending for rank, _p, pending, _n in ranks):
         return "fault"
-    if any(rank < 2 for rank, _pending, _n in ranks) or any(b.finding for b in bottlenecks):
+    if any(rank < 2 for rank, _p, _pending, _n in ranks) or any(b.finding for b in bottlenecks):
         return "warning"
     if state == "underutilized":
         return "warning"

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from exporter.alerting import states
+from exporter.alerting import rules, states
 from exporter.alerting import thresholds as thresholds_file
 from exporter.alerting.evaluator import Alert, Evaluator, warm_up_seconds
 from exporter.config import ALERTING
@@ -188,7 +188,7 @@ def run(options: Options, out: TextIO = sys.stdout, err: TextIO = sys.stderr) ->
 def exit_code(verdicts: states.Verdicts) -> int:
     """FINDINGS if a GPU needs a person, else UNMEASURED if no GPU's load was judged."""
     gpus = list(verdicts.gpus.values())
-    if any(not verdict.healthy for verdict in gpus):
+    if any(states.needs_a_look(verdict.attention) for verdict in gpus):
         return FINDINGS
     if any(states.needs_a_person(alert) for alert in verdicts.node_alerts):
         return FINDINGS
@@ -245,7 +245,7 @@ def _group(group: Group, mean: str) -> list[str]:
     load = f"{first.state}, {busy}"
     if first.state == "lost":
         load = f"lost, no readings ({first.attention})"
-    elif not first.healthy:
+    elif states.needs_a_look(first.attention):
         load = f"{first.headline()} ({first.attention}); load {load}"
     lines = [f"{group.label}: {load}  ({model})"]
     body: list[str] = []
@@ -269,12 +269,22 @@ def _group(group: Group, mean: str) -> list[str]:
             f"  {alert.name} {alert.state} ({alert.labels.get('severity', '')}, value {values}): "
             f"{alert.annotations.get('summary', '')}"
         )
-        # An alert on several series (XIDs 64 and 95) gets its advice once.
-        if states.needs_a_person(alert) and alert.name not in advised:
-            advised.add(alert.name)
-            body.extend(f"    next: {step}" for step in runbooks.steps(alert.name))
-            if alert.annotations.get("runbook_url"):
-                body.append(f"    runbook: {alert.annotations['runbook_url']}")
+        if states.needs_a_person(alert):
+            body += _advice(alert.name, alert.annotations.get("runbook_url", ""), advised)
+    # A finding is advised even before its alert fires. A class whose pending or firing alert
+    # is info only explains performance: advised only where nothing worse needs a person, so
+    # that its advice never pulls against a real problem's.
+    pending_or_firing = {alert.name for alert in first.alerts}
+    worse = first.worst() is not None
+    for bottleneck in first.bottlenecks:
+        alertname = rules.BOTTLENECK_ALERTS.get(bottleneck.name)
+        explains = not worse and alertname in pending_or_firing
+        if alertname is not None and (bottleneck.finding or explains):
+            body += _advice(alertname, bottleneck.runbook_url, advised)
+    # An underutilized GPU with no alert yet is advised as GPUUtilizationLow would be.
+    if first.state == "underutilized" and not advised:
+        alertname = rules.BOTTLENECK_ALERTS["underutilized"] or ""
+        body += _advice(alertname, "", advised)
     summary = first.summary()
     # The summary stands alone only where no line below says it already.
     if not any(summary in line for line in body):
@@ -289,4 +299,19 @@ def _group(group: Group, mean: str) -> list[str]:
             f"    instance {instance.instance} ({instance.profile}): "
             f"SM active {active} ({mean}); {alerts}"
         )
+        for alert in instance.alerts:
+            if states.needs_a_person(alert):
+                url = alert.annotations.get("runbook_url", "")
+                lines += _advice(alert.name, url, advised, indent="      ")
+    return lines
+
+
+def _advice(alertname: str, runbook_url: str, advised: set[str], indent: str = "    ") -> list[str]:
+    """An alert's next steps and runbook, once per GPU group (XIDs 64 and 95 are one alert)."""
+    if alertname in advised:
+        return []
+    advised.add(alertname)
+    lines = [f"{indent}next: {step}" for step in runbooks.steps(alertname)]
+    if runbook_url:
+        lines.append(f"{indent}runbook: {runbook_url}")
     return lines

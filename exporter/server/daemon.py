@@ -131,6 +131,7 @@ def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
         also_keep=states.FAMILIES,
         evaluation_interval=settings.evaluation_interval,
         repeat_interval=settings.repeat_interval,
+        history_path=config.history.path,
     )
 
 

@@ -40,6 +40,7 @@ from exporter.alerting.evaluator import Alert
 from exporter.alerting.history import Sample, snapshot_samples
 from exporter.alerting.local import LocalAlerting
 from exporter.alerting.thresholds import Thresholds
+from exporter.server.document import Level, severity_level, worst
 from exporter.snapshot import GpuStatus, Snapshot
 
 StartResponse = Callable[..., Any]
@@ -51,6 +52,14 @@ THROTTLE_REASONS = {
     "hw_slowdown": "HW slowdown",
     "hw_power_brake": "power brake (HW)",
     "sw_power_cap": "power cap",
+}
+# The alert that judges each throttle reason over time: its severity is the reason's level now.
+REASON_ALERTS = {
+    "sw_thermal": "GPUThermalThrottling",
+    "hw_thermal": "GPUThermalThrottling",
+    "hw_slowdown": "GPUHardwareSlowdown",
+    "hw_power_brake": "GPUHardwareSlowdown",
+    "sw_power_cap": "GPUPowerCapped",
 }
 OTHER_REASONS = {
     "gpu_idle": "idle",
@@ -65,7 +74,7 @@ SEVERITIES = {
     "unknown": (2, "?", "UNKNOWN"),
     "ok": (3, "\u2714", "OK"),
 }
-LEVEL_SYMBOLS = {"crit": " \u2716", "warn": " \u25b2", "ok": ""}
+LEVEL_SYMBOLS = {"crit": " \u2716", "warn": " \u25b2", "info": " \u25cf", "ok": ""}
 # What every bar shows: the last reading, unlike the verdict's means.
 NOW = "(now)"
 GIB = 2**30
@@ -81,7 +90,7 @@ def _bar(
     name: str,
     ratio: float | None,
     text: str,
-    level: str = "ok",
+    level: Level = "ok",
     note: str = "",
     mark: float | None = None,
     *,
@@ -154,15 +163,31 @@ def _percent(ratio: float) -> str:
     return f"{ratio * 100:.0f}%"
 
 
+def alert_document(alert: Alert) -> dict[str, Any]:
+    """One alert in the document: the rules' view, with its phase and the level it colours with."""
+    return {
+        **states.alert_json(alert),
+        "phase": alert.state,
+        "level": severity_level(alert.labels.get("severity", "")),
+    }
+
+
 def _alert_name(alert: Alert) -> str:
     """An alert's name, with the MIG instance it is on."""
     instance = alert.labels.get("mig_instance")
     return alert.name if instance is None else f"{alert.name} (MIG {instance})"
 
 
-def _verdict(verdict: states.Verdict, rules: dict[str, Any]) -> dict[str, Any]:
-    """A GPU's recorded verdict in the page's words, with the figures it was judged on."""
-    mean = f"({_mean_words(rules['window'])})"
+def _verdict(
+    verdict: states.Verdict, rules: dict[str, Any], provisional_window: str | None = None
+) -> dict[str, Any]:
+    """A GPU's recorded verdict in the page's words, with the figures it was judged on.
+
+    With ``provisional_window``, ``verdict`` is the provisional rules' (their windows that long)
+    while the rules' own windows fill.
+    """
+    window = provisional_window or rules["window"]
+    mean = f"({_mean_words(window)})"
     busy_text = "busy: no mean recorded"
     if verdict.busy is not None:
         busy_text = f"busy {_percent(verdict.busy)} {mean}"
@@ -182,14 +207,20 @@ def _verdict(verdict: states.Verdict, rules: dict[str, Any]) -> dict[str, Any]:
     headline = verdict.headline()
     label = headline[:1].upper() + headline[1:]
     summary = verdict.summary()
-    # A lost GPU is lost now; every other state is judged on means that do not cover their
-    # window yet.
-    if rules["warming_up"] and verdict.state != "lost":
+    # A lost GPU is lost now, and a firing critical alert is a fault now; every other verdict is
+    # judged on means that do not cover their window yet.
+    provisional = rules["warming_up"] and verdict.state != "lost"
+    if provisional and provisional_window is not None:
+        label = f"{label} (provisional)"
+        waiting = warm_up_words(rules)
+        summary = f"{summary} (provisional, on {_mean_words(window)}s: the rules' {waiting})"
+    elif provisional and verdict.attention != "fault":
         label = "Warming up"
         waiting = warm_up_words(rules)
-        summary = f"{summary} ({waiting})" if not verdict.healthy else waiting
+        summary = f"{summary} ({waiting})" if states.needs_a_look(verdict.attention) else waiting
     return {
         "state": verdict.state,
+        "activity": verdict.state,
         "label": label,
         "summary": summary,
         "busy_5m": verdict.busy,
@@ -197,6 +228,7 @@ def _verdict(verdict: states.Verdict, rules: dict[str, Any]) -> dict[str, Any]:
         "bottlenecks": [b.to_json() for b in verdict.bottlenecks],
         "attention": verdict.attention,
         "healthy": verdict.healthy,
+        "provisional": provisional,
         "runbook_url": runbook,
         "evidence": evidence,
     }
@@ -206,13 +238,15 @@ def _no_verdict(why: str) -> dict[str, Any]:
     """The verdict of a GPU when no rules were evaluated: local alerting off, or not yet."""
     return {
         "state": "unknown",
+        "activity": "unknown",
         "label": "Unknown",
         "summary": why,
         "busy_5m": None,
         "busy_text": "",
         "bottlenecks": [],
         "attention": "unknown",
-        "healthy": True,
+        "healthy": False,
+        "provisional": False,
         "runbook_url": "",
         "evidence": [],
     }
@@ -220,25 +254,48 @@ def _no_verdict(why: str) -> dict[str, Any]:
 
 def _severity(gpu: dict[str, Any]) -> str:
     """How much a GPU needs a person: the verdict's attention, or a lost or stale GPU's."""
-    if gpu["state"] == "lost":
+    if gpu["collection"] == "lost":
         return "fault"
     attention: str = gpu["verdict"]["attention"]
-    if gpu["state"] == "stale" and attention in ("unknown", "ok"):
+    if gpu["collection"] == "stale" and attention in ("unknown", "ok"):
         return "warning"
     return attention
 
 
-def _summary(document: dict[str, Any]) -> dict[str, int]:
+# The severities the summary counts alerts by; any other (info, none) counts as info.
+SUMMARY_SEVERITIES = ("critical", "warning", "info")
+
+
+def _summary(document: dict[str, Any]) -> dict[str, Any]:
+    """The node's counts: GPUs by collection and severity, alerts by severity and phase.
+
+    ``firing`` and ``pending`` count warnings and criticals only; info alerts, which need no
+    person, are counted apart in ``info`` whatever their phase.
+    """
     gpus = document["gpus"]
     alerts = [*document["alerts"], *(a for g in gpus for a in g["alerts"])]
+    by_severity = {
+        severity: {
+            phase: sum(
+                a["phase"] == phase
+                and (a["severity"] if a["severity"] in SUMMARY_SEVERITIES else "info") == severity
+                for a in alerts
+            )
+            for phase in ("firing", "pending")
+        }
+        for severity in SUMMARY_SEVERITIES
+    }
+    urgent = ("critical", "warning")
     return {
         "gpus": len(gpus),
-        "lost": sum(g["state"] == "lost" for g in gpus),
-        "stale": sum(g["state"] == "stale" for g in gpus),
+        "lost": sum(g["collection"] == "lost" for g in gpus),
+        "stale": sum(g["collection"] == "stale" for g in gpus),
         "faults": sum(g["severity"] == "fault" for g in gpus),
         "warnings": sum(g["severity"] == "warning" for g in gpus),
-        "firing": sum(a["state"] == "firing" for a in alerts),
-        "pending": sum(a["state"] == "pending" for a in alerts),
+        "firing": sum(by_severity[s]["firing"] for s in urgent),
+        "pending": sum(by_severity[s]["pending"] for s in urgent),
+        "info": sum(by_severity["info"].values()),
+        "by_severity": by_severity,
     }
 
 
@@ -295,6 +352,19 @@ class StatusPage:
         identities = {str(gpu.index): (gpu.name, gpu.uuid) for gpu in snapshot.gpus}
         return states.read(evaluator.evaluated, evaluator.thresholds, identities)
 
+    def _provisional(
+        self, snapshot: Snapshot, verdicts: states.Verdicts | None
+    ) -> states.Verdicts | None:
+        """The provisional rules' verdicts while the rules warm up, once theirs are whole."""
+        if verdicts is None or not verdicts.warming_up or self._alerting is None:
+            return None
+        evaluator = self._alerting.provisional
+        if evaluator is None:
+            return None
+        identities = {str(gpu.index): (gpu.name, gpu.uuid) for gpu in snapshot.gpus}
+        found = states.read(evaluator.evaluated, evaluator.thresholds, identities)
+        return None if found is None or found.warming_up else found
+
     def status(self) -> dict[str, Any]:
         """The JSON document of `/api/v1/status`."""
         snapshot = self._latest()
@@ -317,7 +387,7 @@ class StatusPage:
         verdicts = self._verdicts(snapshot)
         if verdicts is not None:
             document["rules"] = verdicts.to_json()
-            document["alerts"] = [states.alert_json(a) for a in verdicts.node_alerts]
+            document["alerts"] = [alert_document(a) for a in verdicts.node_alerts]
         samples = list(snapshot_samples(snapshot))
         now = snapshot.completed_at
         values = {
@@ -341,22 +411,50 @@ class StatusPage:
             "xids": _by_label(samples, "gpu_xid_errors_total", "xid"),
         }
         mig = self._mig_instances(now, samples)
+        # While the rules warm up, the cards' verdicts are the provisional rules' (the alerts
+        # stay the rules' own: only those are notified).
+        provisional = self._provisional(snapshot, verdicts)
+        shown = provisional or verdicts
+        window = provisional.window if provisional is not None else None
+        words = document["rules"] if window is None else {**document["rules"], "window": window}
         for gpu in snapshot.gpus:
             key = str(gpu.index)
             card = self._gpu(gpu, values, labelled)
-            verdict = verdicts.gpus.get(key) if verdicts is not None else None
+            verdict = shown.gpus.get(key) if shown is not None else None
+            alerts = verdicts.gpus.get(key) if verdicts is not None else None
             if verdict is not None:
-                card["verdict"] = _verdict(verdict, document["rules"])
-                card["alerts"] = [states.alert_json(a) for a in verdict.alerts]
+                card["verdict"] = _verdict(verdict, document["rules"], window)
+                self._not_idle_while_busy(card["verdict"], values["util"].get(key))
+                card["alerts"] = [alert_document(a) for a in alerts.alerts] if alerts else []
             else:
                 why = "local alerting is off" if self._alerting is None else "no evaluation yet"
                 card["verdict"] = _no_verdict(why)
                 card["alerts"] = []
-            card["mig"] = _with_means(mig.get(key, []), verdict, document["rules"])
+            card["mig"] = _with_means(mig.get(key, []), verdict, words)
             card["severity"] = _severity(card)
             document["gpus"].append(card)
         document["summary"] = _summary(document)
         return document
+
+    def _not_idle_while_busy(self, verdict: dict[str, Any], busy_now: float | None) -> None:
+        """Say "unknown", not "idle", while the reading now is at or above the idle threshold.
+
+        The rules call a GPU nobody holds idle on its mean (none yet after a start); a page that
+        says "idle" beside a bar busier than the threshold contradicts itself.
+        """
+        thresholds = self._thresholds()
+        if verdict["activity"] != "idle" or busy_now is None or thresholds is None:
+            return
+        below = thresholds.alert("GPUUtilizationLow").number("below")
+        if busy_now < below:
+            return
+        verdict["state"] = verdict["activity"] = states.UNRECORDED
+        if verdict["label"] == "Idle":
+            verdict["label"] = "Unknown"
+        verdict["summary"] = (
+            f"recorded idle, but {_percent(busy_now)} busy now: "
+            f"its {_mean_words(thresholds.window)} has yet to follow"
+        )
 
     def _counter_rates(self, now: float, seconds: dict[str, float]) -> dict[str, float]:
         with self._lock:
@@ -380,7 +478,7 @@ class StatusPage:
             gpu, instance, profile = key
             ratio = _ratio(used.get(key), total.get(key))
             full = ratio is not None and memory_full is not None and ratio > memory_full
-            level = "warn" if full else "ok"
+            level = self._alert_level("GPUMemoryNearlyFull") if full else "ok"
             memory = _bar(
                 "Memory",
                 ratio,
@@ -409,6 +507,24 @@ class StatusPage:
             )
         return found
 
+    def _alert_level(self, alertname: str) -> Level:
+        """The level of a reading past ``alertname``'s threshold: the alert's severity."""
+        thresholds = self._thresholds()
+        if thresholds is None:
+            return "ok"
+        return severity_level(thresholds.alert(alertname).severity)
+
+    def _above(self, alertname: str, key: str, value: float | None) -> Level:
+        """``alertname``'s level where ``value`` is above its threshold ``key``, else ok."""
+        thresholds = self._thresholds()
+        if thresholds is None or value is None:
+            return "ok"
+        return (
+            self._alert_level(alertname)
+            if value > thresholds.alert(alertname).number(key)
+            else "ok"
+        )
+
     def _memory_full(self) -> float | None:
         """GPUMemoryNearlyFull's threshold; None without a thresholds file (no bar is judged)."""
         thresholds = self._thresholds()
@@ -431,17 +547,25 @@ class StatusPage:
         used, total = get("used"), get("total")
         bandwidth = get("dram")
         bandwidth_name = "DRAM bandwidth" if bandwidth is not None else "Memory busy"
+        # DRAM active is what GPUMemoryBandwidthBound judges; the memory controller's busy share
+        # is another measure, judged by no alert.
+        bandwidth_level = self._above("GPUMemoryBandwidthBound", "dram_active_above", bandwidth)
         if bandwidth is None:
             bandwidth = get("memutil")
         events = labelled["events"].get(key, {})
         throttles = [r for r in THROTTLE_REASONS if events.get(r)]
         memory_ratio = _ratio(used, total)
         memory_full = self._memory_full()
-        full = memory_ratio is not None and memory_full is not None and memory_ratio > memory_full
-        memory_level = "warn" if full else "ok"
+        memory_level = self._above("GPUMemoryNearlyFull", "used_above", memory_ratio)
         power, limit = get("power"), get("limit")
+        util = get("util")
         bars = [
-            _bar("Utilization", get("util"), f"{(get('util') or 0) * 100:.0f}%"),
+            _bar(
+                "Utilization",
+                util,
+                f"{(util or 0) * 100:.0f}%",
+                self._above("GPUUtilizationHigh", "above", util),
+            ),
             _bar(
                 "Memory",
                 memory_ratio,
@@ -450,30 +574,49 @@ class StatusPage:
                 "nearly full" if memory_level != "ok" else "",
                 memory_full,
             ),
-            _bar(bandwidth_name, bandwidth, f"{(bandwidth or 0) * 100:.0f}%"),
+            _bar(bandwidth_name, bandwidth, f"{(bandwidth or 0) * 100:.0f}%", bandwidth_level),
             self._temperature(get("temp"), get("slowdown"), get("shutdown")),
             _bar("Power", _ratio(power, limit), f"{power or 0:.0f} / {limit or 0:.0f} W"),
-            _clock_bar(get("sm_clock"), get("sm_max"), throttles),
+            _clock_bar(get("sm_clock"), get("sm_max"), throttles, self._throttle_level(throttles)),
         ]
         xids = labelled["xids"].get(key, {})
+        last_xid = int(get("last_xid") or 0)
+        critical = sorted(set(xids) & self._critical_xids())
+        # A critical XID is GPUXidError's; any other has no alert: shown, needing no person.
+        xid_level: Level = "ok"
+        if critical or (last_xid and str(last_xid) in self._critical_xids()):
+            xid_level = self._alert_level("GPUXidError")
+        elif last_xid or any(xids.values()):
+            xid_level = "info"
+        collection = "stale" if gpu.stale else "up" if gpu.up else "lost"
         return {
             "index": gpu.index,
             # A GPU lost before it was read has neither: the page says so rather than nothing.
             "name": gpu.name or states.unidentified("name", not gpu.up),
             "uuid": gpu.uuid or states.unidentified("UUID", not gpu.up),
-            "state": "stale" if gpu.stale else "up" if gpu.up else "lost",
+            "state": collection,
+            "collection": collection,
             "bars": bars,
             "clock_events": [
-                {"reason": r, "text": THROTTLE_REASONS.get(r) or OTHER_REASONS.get(r, r)}
+                {
+                    "reason": r,
+                    "text": THROTTLE_REASONS.get(r) or OTHER_REASONS.get(r, r),
+                    "level": self._throttle_level([r] if r in THROTTLE_REASONS else []),
+                }
                 for r, active in events.items()
                 if active
             ],
             "throttled": bool(throttles),
-            "last_xid": int(get("last_xid") or 0),
+            "last_xid": last_xid,
             "xids": {code: int(count) for code, count in sorted(xids.items()) if count},
-            "critical_xids": sorted(set(xids) & self._critical_xids()),
+            "critical_xids": critical,
+            "xid_level": xid_level,
             "mig_mode": bool(get("mig_mode")),
         }
+
+    def _throttle_level(self, throttles: list[str]) -> Level:
+        """The level of active throttle reasons: the severity of the alerts that judge them."""
+        return worst([self._alert_level(REASON_ALERTS[reason]) for reason in throttles])
 
     def _critical_xids(self) -> set[str]:
         thresholds = self._thresholds()
@@ -488,30 +631,35 @@ class StatusPage:
         ceiling = shutdown or slowdown or 100.0
         if temp is None:
             return _bar("Temperature", None, "")
-        level, note = "ok", ""
+        level: Level = "ok"
+        note = ""
         # "Near" is GPUTemperatureHigh's (no thresholds file: only the GPU's own slowdown).
         near = None
         if thresholds is not None:
             high = thresholds.alert("GPUTemperatureHigh")
             margin, fallback = high.number("margin_celsius"), high.number("fallback_celsius")
             near = slowdown - margin if slowdown is not None else fallback
+        # Past GPUTemperatureHigh's threshold the bar takes its level; the note says how far.
+        if near is not None and temp >= near:
+            level = self._alert_level("GPUTemperatureHigh")
+            note = f"near slowdown {slowdown or fallback:.0f} °C"
         if slowdown is not None and temp >= slowdown:
-            level, note = "crit", f"at slowdown {slowdown:.0f} °C"
-        elif near is not None and temp >= near:
-            level, note = "warn", f"near slowdown {slowdown or fallback:.0f} °C"
+            note = f"at slowdown {slowdown:.0f} °C"
         text = f"{temp:.0f} °C" + (f" / {slowdown:.0f}" if slowdown is not None else "")
         mark = _ratio(slowdown, ceiling) if slowdown is not None else None
         return _bar("Temperature", _ratio(temp, ceiling), text, level, note, mark)
 
 
-def _clock_bar(clock: float | None, maximum: float | None, throttles: list[str]) -> dict[str, Any]:
-    """SM clock / its maximum; held down when a throttle reason is active."""
+def _clock_bar(
+    clock: float | None, maximum: float | None, throttles: list[str], level: Level
+) -> dict[str, Any]:
+    """SM clock / its maximum; held down when a throttle reason is active, at that ``level``."""
     ratio = _ratio(clock, maximum)
     text = f"{(clock or 0) / 1e6:.0f} / {(maximum or 0) / 1e6:.0f} MHz"
     if not throttles:
         return _bar("SM clock", ratio, text)
     note = "held down: " + ", ".join(THROTTLE_REASONS[r] for r in throttles)
-    return _bar("SM clock", ratio, text, "warn", note)
+    return _bar("SM clock", ratio, text, level, note)
 
 
 def _with_means(
@@ -548,6 +696,7 @@ border-radius:6px}
 font-weight:600}.summary li.zero{color:#718096;font-weight:normal}
 .summary li.bad{background:#c53030;border-color:#c53030;color:#fff}
 .summary li.warn{background:#c05621;border-color:#c05621;color:#fff}
+.summary li.info{background:#ebf4ff;border-color:#2c5282;color:#2c5282}
 #gpus{display:grid;grid-template-columns:repeat(auto-fill,minmax(26em,1fr));gap:1em;margin:1em 0}
 .card{background:#fff;border-radius:8px;padding:.7em 1em;border-left:8px solid #2f855a;
 box-shadow:0 1px 3px rgba(0,0,0,.12)}
@@ -567,7 +716,7 @@ box-shadow:0 1px 3px rgba(0,0,0,.12)}
 font-size:.85em;margin:.3em 0}
 .track{position:relative;background:#e2e8f0;border-radius:3px;height:.9em}
 .fill{background:#3182ce;height:100%;border-radius:3px}
-.warn .fill{background:#dd6b20}
+.warn .fill{background:#dd6b20}.info .fill{background:#2c5282}
 .crit .fill{background:repeating-linear-gradient(45deg,#c53030 0 5px,#822727 5px 10px)}
 .mark{position:absolute;top:-3px;bottom:-3px;width:2px;background:#1d2430}
 .bar b{font-weight:normal;text-align:right;white-space:nowrap}
@@ -576,13 +725,14 @@ font-size:.85em;margin:.3em 0}
 .warn .note{color:#9c4221}
 .chips{font-size:.85em;margin:.4em 0}.chip{display:inline-block;border-radius:3px;
 padding:0 .4em;margin:0 .2em .2em 0;background:#edf2f7}.chip.warn{background:#feebc8;color:#7b341e}
-.chip.crit{background:#c53030;color:#fff}
+.chip.crit{background:#c53030;color:#fff}.chip.info{background:#ebf4ff;color:#2c5282}
 .lost{font-weight:700;color:#c53030}
 .mig{margin:.5em 0 0;border-top:1px solid #e2e8f0;padding-top:.3em}
 .mig h3{font-size:.85em;margin:.2em 0;color:#4a5568}
 .instance .bar+.bar span{padding-left:1em}
 ul.alerts{margin:.5em 0 0;padding-left:0;list-style:none;font-size:.85em}
-ul.alerts li{margin:.2em 0}.firing{color:#c53030}.pending{color:#975a16}
+ul.alerts li{margin:.2em 0}ul.alerts li.crit{color:#c53030}ul.alerts li.warn{color:#975a16}
+ul.alerts li.info{color:#2c5282}#connection{color:#c53030}
 #node-alerts{font-size:.95em}
 a{color:#2b6cb0}
 """
@@ -631,14 +781,15 @@ def _runbook(url: str) -> str:
 
 
 def _alert_item(alert: dict[str, Any], text: str, now: float) -> str:
-    state = _e(alert["state"])
-    symbol = "\u25cf" if alert["state"] == "firing" else "\u25cc"
+    state = _e(alert["phase"])
+    symbol = "\u25cf" if alert["phase"] == "firing" else "\u25cc"
     severity = f" ({_e(alert['severity'])})" if alert["severity"] else ""
     since = ""
     if alert["since"] is not None:
         since = f" &middot; for {_age(now - alert['since'])}, since {_clock(alert['since'])}"
     return (
-        f'<li class="{state}" data-alert="{_e(alert["alertname"])}">{symbol} {state} '
+        f'<li class="{state} {alert["level"]}" data-alert="{_e(alert["alertname"])}" '
+        f'data-level="{alert["level"]}">{symbol} {state} '
         f"<b>{_e(alert['alertname'])}</b>{severity}: {_e(alert[text])}{since}"
         f"{_runbook(alert['runbook_url'])}</li>"
     )
@@ -659,30 +810,29 @@ def _bar_html(bar: dict[str, Any]) -> str:
     )
 
 
+def _chip(level: str, text: str, attributes: str = "") -> str:
+    """A chip coloured by its level, and marked by its symbol: never colour alone."""
+    symbol = LEVEL_SYMBOLS[level].strip()
+    mark = f"{symbol} " if symbol else ""
+    return f'<span class="chip {level}" data-level="{level}"{attributes}>{mark}{_e(text)}</span>'
+
+
 def _event_chip(event: dict[str, str]) -> str:
-    if event["reason"] in THROTTLE_REASONS:
-        return f'<span class="chip warn">\u25b2 {_e(event["text"])}</span>'
-    return f'<span class="chip">{_e(event["text"])}</span>'
+    return _chip(event["level"], event["text"])
 
 
 def _chips(gpu: dict[str, Any]) -> str:
     """The active clock event reasons and the XIDs seen, as chips."""
     events = "".join(_event_chip(event) for event in gpu["clock_events"])
     line = ""
-    if gpu["state"] != "lost":
+    if gpu["collection"] != "lost":
         line = f'<p class="chips" data-clock-events>Clock events: {events or "none"}</p>'
     if gpu["last_xid"] or gpu["xids"]:
         counts = ", ".join(f"{code} \u00d7{count}" for code, count in gpu["xids"].items())
-        critical = gpu["critical_xids"] or (
-            [str(gpu["last_xid"])] if gpu["state"] != "up" and gpu["last_xid"] else []
-        )
-        cls = "crit" if critical else "warn"
-        symbol = "\u2716" if critical else "\u25b2"
         text = f"XID {counts or gpu['last_xid']}"
         if len(gpu["xids"]) > 1 and gpu["last_xid"]:
             text += f" (last {gpu['last_xid']})"
-        line += f'<p class="chips" data-xid="{gpu["last_xid"]}"><span class="chip {cls}">'
-        line += f"{symbol} {_e(text)}</span></p>"
+        line += f'<p class="chips" data-xid="{gpu["last_xid"]}">{_chip(gpu["xid_level"], text)}</p>'
     return line
 
 
@@ -730,18 +880,18 @@ def _card(gpu: dict[str, Any], now: float, rules: dict[str, Any] | None) -> str:
         mean = _mean_words(rules["window"])
         chips = "".join(_bottleneck_chip(b, mean) for b in shown)
         bottlenecks = f'<p class="chips" data-bottlenecks>Bottlenecks: {chips}</p>'
-    if gpu["state"] == "lost":
+    if gpu["collection"] == "lost":
         bars = '<p class="lost">\u2716 lost: NVML answers GPU_IS_LOST, no readings</p>'
     else:
         bars = "".join(_bar_html(b) for b in gpu["bars"])
     alerts = "".join(_alert_item(a, "summary", now) for a in gpu["alerts"])
     return (
         f'<article class="card sev-{severity}" data-gpu="{gpu["index"]}" '
-        f'data-verdict="{_e(verdict["state"])}" data-severity="{severity}" '
-        f'data-state="{_e(gpu["state"])}">'
+        f'data-verdict="{_e(verdict["activity"])}" data-severity="{severity}" '
+        f'data-state="{_e(gpu["collection"])}">'
         f'<h2><span class="badge">{symbol} {word}</span> GPU {gpu["index"]} '
         f"<small>{_e(gpu['name'])}</small></h2>"
-        f'<p class="uuid">{_e(gpu["uuid"])} &middot; {_e(gpu["state"])}</p>'
+        f'<p class="uuid">{_e(gpu["uuid"])} &middot; {_e(gpu["collection"])}</p>'
         f'<p class="verdict"><strong>{_e(verdict["label"])}</strong>: {_e(verdict["summary"])}'
         f"{_runbook(verdict['runbook_url'])}</p>"
         + (f'<ul class="evidence">{evidence}</ul>' if evidence else "")
@@ -769,13 +919,16 @@ def _summary_html(status: dict[str, Any]) -> str:
         ),
         ("firing", f"\u25cf {counts['firing']} firing", "bad"),
         ("pending", f"\u25cc {counts['pending']} pending", "warn"),
+        ("info", f"\u25cf {counts['info']} info", "info"),
     ]
     chips = "".join(
         f'<li class="{cls if counts[key] else "zero"}" data-count="{key}">{_e(text)}</li>'
         for key, text, cls in items
         if key != "stale" or counts[key]
     )
-    attributes = " ".join(f'data-{key}="{value}"' for key, value in counts.items())
+    attributes = " ".join(
+        f'data-{key}="{value}"' for key, value in counts.items() if isinstance(value, int)
+    )
     return f'<ul class="summary" id="summary" {attributes}>{chips}</ul>'
 
 
@@ -848,7 +1001,7 @@ def page(status: dict[str, Any], telemetry_path: str, now: float | None = None) 
 <ul class="alerts" id="node-alerts">{node_alerts}</ul>
 <main id="gpus">{cards}</main>
 </div>
-<p id="connection" class="firing"></p>
+<p id="connection"></p>
 <script>{_SCRIPT.replace("REFRESH_MS", str(refresh_ms))}</script>
 </body></html>
 """
