@@ -458,7 +458,8 @@ def test_a_lost_gpu_stands_apart_with_its_xid_listed(runs: dict[str, Run]) -> No
     text = runs["fell-off-bus text"]
     assert text.code == 1, text.err
     lines = text.out.splitlines()
-    assert lines[0] == f"node {HOST}: 8 GPUs, 1 lost, 7 healthy"
+    # A GPU that reported an XID is never called plainly healthy beside it.
+    assert lines[0] == f"node {HOST}: 8 GPUs, 1 lost, 4 healthy, 3 healthy with XIDs"
     # The critical XID first, then the others by code, each with its GPU and meaning.
     assert lines[1] == "  XID 79 on GPU 3: GPU has fallen off the bus"
     assert [line.split(":")[0] for line in lines[2:5]] == [
@@ -466,10 +467,16 @@ def test_a_lost_gpu_stands_apart_with_its_xid_listed(runs: dict[str, Run]) -> No
         "  XID 31 on GPU 5",
         "  XID 43 on GPU 6",
     ]
-    lost, others = _blocks(text.out)
+    lost, others, *with_xids = _blocks(text.out)
     assert lost[0].startswith("GPU 3: lost, ")
     assert any(line.startswith("  GPUFellOffBus firing (critical, ") for line in lost), lost
-    assert others[0].startswith("GPUs 0-2,4-7: ")
+    assert others[0].startswith("GPUs 0,2,4,7: healthy, ")
+    # Each GPU with an application's XID stands apart, with what the XID means and a next step.
+    assert [block[0].split(":")[0] for block in with_xids] == ["GPU 1", "GPU 5", "GPU 6"]
+    for block, code in zip(with_xids, (13, 31, 43), strict=True):
+        assert f"; reported XID {code}" in block[0]
+        assert any(line.startswith(f"  XID {code}: ") for line in block), block
+        assert any(line.startswith("    next: ") for line in block), block
     report = runs["fell-off-bus"].report
     gpu = report["gpus"][3]
     assert [(xid["xid"], xid["critical"]) for xid in gpu["xids"]] == [(79, True)]

@@ -247,8 +247,17 @@ def _group(group: Group, mean: str) -> list[str]:
         load = f"lost, no readings ({first.attention})"
     elif states.needs_a_look(first.attention):
         load = f"{first.headline()} ({first.attention}); load {load}"
+    reported = [xid for found in group.xids.values() for xid in found]
+    if reported and not states.needs_a_look(first.attention) and first.state != "lost":
+        codes = ", ".join(sorted({str(xid.code) for xid in reported}, key=int))
+        load = f"{load}; reported XID {codes}"
     lines = [f"{group.label}: {load}  ({model})"]
     body: list[str] = []
+    # An XID no alert pages on is the application's, as a rule: its meaning and what to do.
+    for code, xid in sorted({xid.code: xid for xid in reported if not xid.critical}.items()):
+        body.append(f"  XID {code}: {xid.meaning or 'see the XID catalog'}")
+        if xid.action:
+            body.append(f"    next: {xid.action[0].upper()}{xid.action[1:]}.")
     for position, bottleneck in enumerate(first.bottlenecks):
         if bottleneck.name == "none":
             continue

@@ -1,8 +1,9 @@
 """The node's verdict: its GPUs counted by what they need, and alike GPUs grouped into one block.
 
 GPUs are alike when they are the same model with the same recorded state, bottleneck classes,
-alerts (by name and state) and MIG layout; their figures may differ only in their numbers, which
-a group shows as ranges ("busy 22-24%"). XIDs are listed with the GPU they happened on.
+alerts (by name and state), MIG layout and reported XID codes; their figures may differ only in
+their numbers, which a group shows as ranges ("busy 22-24%"). XIDs are listed with the GPU they
+happened on, and a GPU that reported one is never counted as plainly "healthy".
 """
 
 from __future__ import annotations
@@ -61,13 +62,14 @@ class Node:
     name: str
     verdicts: list[Verdict]
     groups: list[Group]
+    xids: dict[str, list[Xid]] = field(default_factory=dict)
 
     @property
     def counts(self) -> dict[str, int]:
         """How many GPUs each headline has, the most urgent first."""
         counts: dict[str, int] = {}
         for verdict in sorted(self.verdicts, key=_severity):
-            word = verdict.headline()
+            word = headline(verdict, self.xids.get(verdict.gpu, []))
             counts[word] = counts.get(word, 0) + 1
         return counts
 
@@ -101,18 +103,30 @@ def summarize(name: str, verdicts: list[Verdict], xids: dict[str, list[Xid]]) ->
     """Group alike GPUs (the most urgent first, then by first GPU)."""
     groups: dict[tuple[Any, ...], Group] = {}
     for verdict in verdicts:
-        group = groups.setdefault(_likeness(verdict), Group([]))
+        group = groups.setdefault(_likeness(verdict, xids.get(verdict.gpu, [])), Group([]))
         group.verdicts.append(verdict)
         group.xids[verdict.gpu] = xids.get(verdict.gpu, [])
     ordered = sorted(groups.values(), key=lambda g: (_severity(g.verdicts[0]), g.gpus))
-    return Node(name, verdicts, ordered)
+    return Node(name, verdicts, ordered, xids)
+
+
+def headline(verdict: Verdict, xids: list[Xid]) -> str:
+    """The verdict's headline; "<state> with XIDs" for a GPU no alert names but that reported one.
+
+    An XID GPUXidError does not page on (13, 31, 43: the application's fault, as a rule) leaves
+    the GPU's state as the rules give it, but the GPU is not called plainly healthy beside it.
+    """
+    word = verdict.headline()
+    if xids and word == verdict.state and verdict.state != "lost":
+        return f"{word} with XIDs"
+    return word
 
 
 def _severity(verdict: Verdict) -> int:
     return LEVELS.index(verdict.attention)
 
 
-def _likeness(verdict: Verdict) -> tuple[Any, ...]:
+def _likeness(verdict: Verdict, xids: list[Xid]) -> tuple[Any, ...]:
     return (
         verdict.name,
         verdict.state,
@@ -120,6 +134,7 @@ def _likeness(verdict: Verdict) -> tuple[Any, ...]:
         tuple(b.name for b in verdict.bottlenecks),
         tuple((a.name, a.state, a.labels.get("mig_instance")) for a in verdict.alerts),
         tuple((i.instance, i.profile, i.sm_active is None) for i in verdict.instances),
+        tuple(xid.code for xid in xids),
     )
 
 
