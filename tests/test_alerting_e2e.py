@@ -446,7 +446,7 @@ def test_each_node_raises_its_alerts_inhibitions_hold_and_healthy_training_stays
             scenario="saturated",
             instance=targets["saturated"],
             uuids=saturated_uuids,
-            summary="A GPU is saturated",
+            summary="A GPU runs at full load, with no headroom left",
             description=(
                 rf"{{where}} kept its utilization above 95% {held_high} and drew the power of real"
                 r" work; {value} in its least busy window: it has no headroom left\."

@@ -108,7 +108,7 @@ def utilization_high(thresholds: Thresholds) -> Alert:
         thresholds,
         high,
         f"{above_for(thresholds)}\nunless on ({GPU}) (\n{indented(hung_power(thresholds))}\n)",
-        summary="A GPU is saturated",
+        summary="A GPU runs at full load, with no headroom left",
         description=f"{WHERE} kept its utilization above {percent(high.number('above'))}"
         f" {_held(thresholds, high)} and drew the power of real work; {PERCENT} in its"
         " least busy window: it has no headroom left.",
