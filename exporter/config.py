@@ -83,6 +83,11 @@ class HistoryConfig:
 
     # The file (gzip-compressed JSON, docs/status.md); None: nowhere, every start is cold.
     path: str | None = None
+    # A Prometheus to take the history from at start when no file gives it; None: none.
+    prometheus: str | None = None
+    # This exporter's `instance` label in that Prometheus; None: $NODE_NAME (the chart's
+    # relabelling), else the local alerts' instance.
+    instance: str | None = None
 
 
 @dataclass(frozen=True)
@@ -241,6 +246,22 @@ SETTINGS = Settings(
             "file the rules' history is saved to every minute and on stop, and read back at "
             "start when recent and from the same GPUs, so that a restart is not blind for the "
             "rules' warm-up (default: none)",
+        ),
+        Setting(
+            "history.prometheus",
+            optional(str),
+            None,
+            "--history.prometheus",
+            "URL of a Prometheus that scrapes this exporter: at start, when no history file "
+            "gives the rules' history, it is taken from there (default: none)",
+        ),
+        Setting(
+            "history.instance",
+            optional(str),
+            None,
+            "--history.instance",
+            "this exporter's instance label in --history.prometheus (default: $NODE_NAME, as the "
+            "Helm chart relabels it, else the local alerts' instance)",
         ),
         Setting(
             "simulate.scenario",

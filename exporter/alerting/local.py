@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from exporter.alerting import history_file, provisional
 from exporter.alerting.evaluator import Alert, Evaluator, warm_up_seconds
+from exporter.alerting.from_prometheus import SamplingError, replay, sample_prometheus
 from exporter.alerting.history import History, Labels, Sample, snapshot_samples
 from exporter.alerting.inhibition import find_inhibitor
 from exporter.alerting.thresholds import Thresholds, duration_seconds
@@ -74,7 +75,9 @@ class LocalAlerting:
         now: float | None = None,
         history_path: str | Path | None = None,
         history_save_interval: float = HISTORY_SAVE_INTERVAL,
+        history_prometheus: tuple[str, str] | None = None,
     ) -> None:
+        """``history_prometheus``: (URL, instance label) to take the history from at start."""
         self.evaluator = Evaluator(
             thresholds,
             instance=instance,
@@ -95,6 +98,8 @@ class LocalAlerting:
         self._warm_up = warm_up_seconds(thresholds)
         # Where the history is kept across restarts (None: nowhere, every start is cold).
         self.keeper = _keeper(thresholds, history_path, history_save_interval)
+        self._history_prometheus = history_prometheus
+        self._first = True
         self.inhibit_rules = thresholds.inhibit_rules
         # Seconds between notifications of a firing alert (0: only when it fires and resolves).
         self.repeat_interval = repeat_interval
@@ -117,6 +122,42 @@ class LocalAlerting:
                     self._store.path,
                 )
 
+    def _take_history(self, samples: list[Sample], now: float) -> None:
+        """Replay the last minutes Prometheus holds of this exporter, before the first samples.
+
+        Prometheus adds its target's labels (instance, job, the chart's node...): each family
+        keeps only the labels this exporter gives it, so that the replayed series are the live
+        ones. A Prometheus that cannot answer means a cold start and one log line.
+        """
+        assert self._history_prometheus is not None
+        url, instance = self._history_prometheus
+        keys: dict[str, set[str]] = {}
+        for sample in samples:
+            keys.setdefault(sample.name, set()).update(key for key, _ in sample.labels)
+        try:
+            found = sample_prometheus(url, instance, warm_up_seconds(self.evaluator.thresholds))
+        except SamplingError as error:
+            log.warning("history not taken from Prometheus, a cold start: %s", error)
+            return
+        series: dict[str, dict[Labels, list[tuple[float, float]]]] = {}
+        for name, family in found.items():
+            if name not in keys:
+                continue
+            for labels, points in family.items():
+                own = tuple((k, v) for k, v in labels if k in keys[name])
+                merged = series.setdefault(name, {}).setdefault(own, [])
+                merged.extend(point for point in points if point[0] < now)
+        for family in series.values():
+            for points in family.values():
+                points.sort()
+        replay(self.evaluator, series)
+        log.info(
+            "history taken from Prometheus at %s (instance %s): %d series",
+            url,
+            instance,
+            sum(len(family) for family in series.values()),
+        )
+
     @property
     def history(self) -> History:
         """The samples of the last minutes (and of the counters' last hour)."""
@@ -131,7 +172,12 @@ class LocalAlerting:
         now = snapshot.completed_at
         if self.keeper is not None and self.keeper.uuids is None:
             self.keeper.start(self.history, [gpu.uuid for gpu in snapshot.gpus if gpu.uuid], now)
-        changed = self.observe_samples(snapshot_samples(snapshot, self.history.keep), now)
+        samples = list(snapshot_samples(snapshot, self.history.keep))
+        if self._first:
+            self._first = False
+            if self._history_prometheus is not None and self.history.now is None:
+                self._take_history(samples, now)
+        changed = self.observe_samples(samples, now)
         if self.keeper is not None:
             self.keeper.tick(self.history, now)
         return changed

@@ -25,17 +25,11 @@ from typing import TextIO
 from exporter.alerting import rules, states
 from exporter.alerting import thresholds as thresholds_file
 from exporter.alerting.evaluator import Alert, Evaluator, warm_up_seconds
+from exporter.alerting.from_prometheus import SamplingError, replay, sample_prometheus
 from exporter.config import ALERTING
 from exporter.doctor import runbooks, xids
 from exporter.doctor.node import Group, Node, summarize
-from exporter.doctor.sampling import (
-    SamplingError,
-    ScenarioClock,
-    identities_of,
-    replay,
-    sample_local,
-    sample_prometheus,
-)
+from exporter.doctor.sampling import ScenarioClock, identities_of, sample_local
 
 HEALTHY, FINDINGS, UNMEASURED = 0, 1, 2
 # Seconds between progress lines when stderr is not a terminal.

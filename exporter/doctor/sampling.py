@@ -10,21 +10,15 @@ them out. From Prometheus it reads the raw samples of the window that ends now f
 
 from __future__ import annotations
 
-import socket
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from exporter.alerting.evaluator import Evaluator
-from exporter.alerting.history import Labels, Sample, labels_of, snapshot_samples
+from exporter.alerting.from_prometheus import SamplingError
+from exporter.alerting.history import Labels, snapshot_samples
 from exporter.collection import Collection
 from exporter.collectors import REGISTRY
-
-
-class SamplingError(RuntimeError):
-    """Nothing could be measured; the message says why and what to do."""
-
 
 # The collection timeout on a scenario's clock. A cycle's wall time there tells of this machine's
 # load, not of the simulated node: waited out long, so that the readings never depend on it.
@@ -126,26 +120,6 @@ def sampled_until(evaluator: Evaluator) -> float:
     return evaluator.history.now
 
 
-def replay(
-    evaluator: Evaluator, series: dict[str, dict[Labels, list[tuple[float, float]]]]
-) -> None:
-    """Feed raw samples to ``evaluator`` scrape by scrape, as Prometheus stored them.
-
-    The samples of one scrape share its timestamp; a series missing from a scrape goes stale in
-    the evaluator as it did in Prometheus.
-    """
-    scrapes: dict[float, list[Sample]] = {}
-    for name, family in series.items():
-        for labels, points in family.items():
-            for at, value in points:
-                scrapes.setdefault(at, []).append(Sample(name, labels, value))
-    for at in sorted(scrapes):
-        evaluator.observe(scrapes[at], at)
-    last = evaluator.evaluated
-    if scrapes and (last is None or last.at < max(scrapes)):
-        evaluator.evaluate(max(scrapes))
-
-
 def identities_of(
     series: dict[str, dict[Labels, list[tuple[float, float]]]],
 ) -> dict[str, tuple[str, str]]:
@@ -172,89 +146,3 @@ def identities_of(
         gpu: (newest.get((gpu, "name"), (0.0, ""))[1], newest.get((gpu, "uuid"), (0.0, ""))[1])
         for gpu in gpus
     }
-
-
-def sample_prometheus(
-    url: str, instance: str, duration: float, timeout: float = 10.0
-) -> dict[str, dict[Labels, list[tuple[float, float]]]]:
-    """The raw samples of ``instance`` over the last ``duration`` seconds, from Prometheus.
-
-    Raises:
-        SamplingError: Prometheus cannot be reached, refuses the query or has no such instance.
-    """
-    # Imported here: `gpuload serve` imports this module for its status page, never queries.
-    import requests
-
-    seconds = max(1, round(duration))
-    query = f'{{__name__=~"gpu_.*|gpuload_.*",instance="{instance}"}}[{seconds}s]'
-    end = time.time()
-    try:
-        response = requests.get(
-            url.rstrip("/") + "/api/v1/query",
-            params={"query": query, "time": f"{end:.3f}"},
-            timeout=timeout,
-        )
-        answer = response.json()
-    except requests.Timeout:
-        raise SamplingError(
-            f"cannot reach Prometheus at {url}: no answer within {timeout:g} s"
-        ) from None
-    except requests.ConnectionError as error:
-        raise SamplingError(f"cannot reach Prometheus at {url}: {_reason(error)}") from None
-    except requests.RequestException as error:
-        raise SamplingError(f"cannot query Prometheus at {url}: {error}") from None
-    except ValueError:
-        raise SamplingError(
-            f"cannot query Prometheus at {url}: its answer is not JSON (HTTP "
-            f"{response.status_code}): is it the Prometheus server's URL?"
-        ) from None
-    if answer.get("status") != "success":
-        raise SamplingError(f"Prometheus refused the query: {answer.get('error', answer)}")
-    series: dict[str, dict[Labels, list[tuple[float, float]]]] = {}
-    for item in answer["data"]["result"]:
-        metric = dict(item["metric"])
-        name = metric.pop("__name__")
-        points = [(float(t), float(v)) for t, v in item["values"]]
-        series.setdefault(name, {})[labels_of(metric)] = points
-    if not series:
-        raise SamplingError(
-            f'Prometheus at {url} has no gpuload samples of instance="{instance}" in the last '
-            f"{seconds}s: check the instance label (host:port of the scrape target)"
-        )
-    return series
-
-
-def _causes(error: BaseException) -> list[BaseException]:
-    """The error and what caused it, outermost first (requests wraps urllib3 wraps socket)."""
-    chain: list[BaseException] = []
-    current: BaseException | None = error
-    while current is not None and current not in chain:
-        chain.append(current)
-        reason = getattr(current, "reason", None)
-        wrapped = current.args[0] if current.args else None
-        if isinstance(reason, BaseException):
-            current = reason
-        elif isinstance(wrapped, BaseException):
-            current = wrapped
-        else:
-            current = current.__cause__ or current.__context__
-    return chain
-
-
-def _reason(error: BaseException) -> str:
-    """Why a connection failed, in a few plain words rather than urllib3's retry message."""
-    chain = _causes(error)
-    plain: list[tuple[type[BaseException], str]] = [
-        (ConnectionRefusedError, "connection refused"),
-        (socket.gaierror, "unknown host name"),
-        (ConnectionResetError, "connection reset"),
-        (TimeoutError, "connection timed out"),
-        (ssl.SSLError, "TLS handshake failed"),
-    ]
-    for kind, words in plain:
-        if any(isinstance(cause, kind) for cause in chain):
-            return words
-    innermost = chain[-1]
-    if isinstance(innermost, OSError) and innermost.strerror:
-        return innermost.strerror.lower()
-    return "connection failed"

@@ -122,9 +122,10 @@ def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
             notifier = Notifier(settings.delivery, external_url)
         except sqlite3.Error as error:
             raise OSError(f"alert queue {settings.delivery.queue.path}: {error}") from error
+    instance = settings.instance or instance_label(config.web.listen_address, port)
     return LocalAlerting(
         thresholds.load(settings.thresholds_file),
-        instance=settings.instance or instance_label(config.web.listen_address, port),
+        instance=instance,
         job=settings.job,
         notifier=notifier,
         # The status page's verdicts read the same history.
@@ -132,7 +133,16 @@ def _local_alerting(config: Config, external_url: str) -> LocalAlerting | None:
         evaluation_interval=settings.evaluation_interval,
         repeat_interval=settings.repeat_interval,
         history_path=config.history.path,
+        history_prometheus=_history_prometheus(config, instance),
     )
+
+
+def _history_prometheus(config: Config, instance: str) -> tuple[str, str] | None:
+    """(URL, instance label) of the Prometheus the history is taken from at start, if any."""
+    if not config.history.prometheus:
+        return None
+    label = config.history.instance or os.environ.get("NODE_NAME") or instance
+    return config.history.prometheus, label
 
 
 def _dcgm_view(config: Config, hostname: str | None) -> DcgmView | None:
