@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporter.alerting import precedence, rules, thresholds
+from exporter.alerting import health, precedence, rules, thresholds
 
 
 def test_every_gpu_alert_has_one_place_in_the_order_of_precedence() -> None:
@@ -18,3 +18,10 @@ def test_every_gpu_alert_has_one_place_in_the_order_of_precedence() -> None:
     assert len(set(precedence.PRECEDENCE)) == len(precedence.PRECEDENCE)
     assert set(precedence.PRECEDENCE) == on_gpus
     assert {a for a in rules.BOTTLENECK_ALERTS.values() if a} <= set(precedence.PRECEDENCE)
+
+
+def test_the_order_of_precedence_ranks_a_folded_faults_forms_as_its_fold_does() -> None:
+    """One fault's alerts, worst first in its fold, stand in that order in the precedence too."""
+    for fold in health.FOLDS:
+        ranked = [name for name in fold.outranks if name in precedence.PRECEDENCE]
+        assert ranked == sorted(ranked, key=precedence.rank), fold.alert

@@ -13,8 +13,9 @@ from __future__ import annotations
 PRECEDENCE: tuple[str, ...] = (
     "GPUFellOffBus",
     "GPURecoveryActionRequired",
-    "GPUECCUncorrectable",
+    # The memory fault's forms in the order its fold ranks them (health.FOLDS).
     "GPURowRemapFailed",
+    "GPUECCUncorrectable",
     "GPUXidError",
     "GPUJobHung",
     "GPUHardwareSlowdown",
