@@ -81,7 +81,8 @@ EFFICIENCY = "gpuload-efficiency"
 NO_PODS: frozenset[str] = frozenset()  # the accounting of pods: these nodes have none
 EXPECTED_TABLE: list[tuple[str, str, str, frozenset[str] | None]] = [
     (FLEET, "Utilization across nodes", "A", UTILIZATION),
-    (FLEET, "Firing GPU alerts", "A", frozenset({"legacy-v100"})),  # GPUXidError
+    # GPUECCUncorrectable: the uncorrectable error's XID 48 is folded into it (health.FOLDS).
+    (FLEET, "Firing GPU alerts", "A", frozenset({"legacy-v100"})),
     (
         FLEET,
         "Top underutilized GPUs (hours in use below the threshold, over the range)",
@@ -267,7 +268,7 @@ def _settled(stack: Stack) -> bool:
         # ...for several evaluations: a subquery at 5 s steps finds them.
         f"count(count_over_time({NAMES['state']}"
         '{scenario="data-starved", state="underutilized"}[30s]) >= 8) == 8',
-        'ALERTS{scenario="legacy-v100", alertname="GPUXidError", alertstate="firing"}',
+        'ALERTS{scenario="legacy-v100", alertname="GPUECCUncorrectable", alertstate="firing"}',
     )
     return all(stack.vector(check) for check in checks)
 
