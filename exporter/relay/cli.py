@@ -77,19 +77,23 @@ def _test(settings: config.RelayConfig, name: str) -> int:
     target = targets.build(settings.targets[name], message)
     timeout = target.config.timeout or settings.delivery.timeout
     now = time.time()
-    status, outcome = _send(target, [_test_notification(name, now, "firing")], now, timeout)
+    status, outcome = send_once(target, [_test_notification(name, now, "firing")], now, timeout)
     line = f"{name} ({target.kind}): {_answer(status, outcome)}"
     if outcome.delivered and target.kind == "pagerduty":
         # Close the test incident the trigger opened, so that no one is paged for it.
-        resolved, _ = _send(target, [_test_notification(name, now, "resolved")], now, timeout)
+        resolved, _ = send_once(target, [_test_notification(name, now, "resolved")], now, timeout)
         line += f"; test incident resolved (HTTP {resolved})"
     print(line)
     return 0 if outcome.delivered else 1
 
 
-def _send(
+def send_once(
     target: Target, notifications: Sequence[Notification], now: float, timeout: float
 ) -> tuple[int | None, Outcome]:
+    """POST notifications to a target once, without the queue: (HTTP status or None, outcome).
+
+    For a test message (`relay test`) and a report (`gpuload report --target`).
+    """
     import requests
 
     from exporter.relay.targets import Outcome

@@ -18,8 +18,6 @@ from exporter.report.ledger import Report
 from exporter.report.render import header, name
 
 ALERTNAME = "GPUIdleHoursReport"
-# Seconds to connect to a target.
-CONNECT_TIMEOUT = 10.0
 
 
 class DeliveryError(RuntimeError):
@@ -87,9 +85,8 @@ def send(report: Report, config_file: str, target_name: str, now: float) -> Sent
         DeliveryError: the configuration is wrong, the target is unknown, unreachable, or
             refuses the message.
     """
-    import requests
-
     from exporter.relay import config, payload, targets
+    from exporter.relay.cli import send_once
     from exporter.relay.templates import MessageSettings
     from exporter.settings import ConfigError
 
@@ -107,22 +104,11 @@ def send(report: Report, config_file: str, target_name: str, now: float) -> Sent
     )
     target = targets.build(settings.targets[target_name], message)
     notification = payload.parse(json.dumps(document(report, now)))
-    request = target.request([notification], now)
     timeout = target.config.timeout or settings.delivery.timeout
     where = f"target {target_name} ({target.kind})"
-    try:
-        response = requests.post(
-            request.url,
-            data=request.body,
-            headers=dict(request.headers),
-            timeout=(CONNECT_TIMEOUT, timeout),
-            allow_redirects=False,
-        )
-    except requests.RequestException as error:
-        # The exception's text holds the URL, a secret for most targets: only its kind.
-        raise DeliveryError(f"{where}: no answer ({type(error).__name__})") from error
-    with response:
-        outcome = target.outcome(response.status_code, response.headers, response.content)
+    status, outcome = send_once(target, [notification], now, timeout)
+    if status is None:
+        raise DeliveryError(f"{where}: {outcome.reason}")
     if not outcome.delivered:
-        raise DeliveryError(f"{where} refused the report: {outcome.reason or response.status_code}")
-    return Sent(target_name, target.kind, response.status_code, outcome.verdict)
+        raise DeliveryError(f"{where} refused the report: {outcome.reason or status}")
+    return Sent(target_name, target.kind, status, outcome.verdict)
